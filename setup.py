@@ -1,0 +1,29 @@
+"""Installs the ``user_plugin`` package (the fairseq ``--user-dir`` of vaswani) and what it needs.
+
+Official fairseq 0.12.2 does not import on Python >= 3.11; the ``fairseq-fixed`` fork (same
+import name) does. Install torch first (``pip install torch==2.13.0``): an unpinned torch
+pulls a multi-GB CUDA build. ``scripts/setup_venv.sh`` does all of this in ``.venv``.
+"""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="vaswani",
+    version="0.1.0",
+    description="The Transformer of 'Attention Is All You Need' as a fairseq plugin",
+    packages=find_packages(include=["user_plugin", "user_plugin.*"]),
+    python_requires=">=3.8",
+    install_requires=[
+        "torch>=1.13",
+        "fairseq-fixed==0.12.3.1; python_version >= '3.11'",
+        "fairseq==0.12.2; python_version < '3.11'",
+        "sacremoses",
+        "subword-nmt",
+        "sentencepiece",
+        "sacrebleu>=2.0",
+    ],
+    extras_require={
+        "test": ["pytest", "hypothesis", "matplotlib", "ruff"],
+        "plot": ["matplotlib"],
+    },
+)

@@ -1,0 +1,20 @@
+"""vaswani: the Transformer of *Attention Is All You Need* as a fairseq plugin.
+
+``fairseq-train --user-dir user_plugin --arch vaswani_base ...`` imports this package, which
+registers (each module names the paper section it implements):
+
+* model ``vaswani_transformer`` and its architectures (``models/``);
+* criterion ``vaswani_label_smoothed_cross_entropy`` (``criterions/``, §5.4);
+* LR scheduler ``vaswani_inverse_sqrt`` (``lr_schedulers/``, §5.3);
+* task ``vaswani_translation`` with the paper's beam search settings (``tasks/``, §6.1);
+
+and allow-lists the types in fairseq checkpoints for torch's safe loading (``safe_loading``).
+"""
+
+from .safe_loading import allow_fairseq_checkpoint_globals
+
+allow_fairseq_checkpoint_globals()
+
+from . import criterions, lr_schedulers, models  # noqa: E402,F401
+from .criterions import label_smoothed_cross_entropy  # noqa: E402,F401
+from .lr_schedulers import inverse_sqrt_warmup  # noqa: E402,F401

@@ -1,0 +1,129 @@
+"""Label-smoothed cross-entropy (paper §5.4, "Label Smoothing", epsilon_ls = 0.1).
+
+The smoothed target puts ``1 - eps`` on the reference token and spreads ``eps`` uniformly over
+the other ``V - 1`` types (the same definition as fairseq's ``label_smoothed_cross_entropy``)::
+
+    loss = (1 - eps) * NLL + eps / (V - 1) * sum_{v != y} -log p_v
+
+Computed from the logits ``z`` without building the log-probability tensor:
+``-log p_v = logsumexp(z) - z_v``, so ``NLL = lse - z_y`` and
+``sum_v -log p_v = V * lse - sum_v z_v``. Only the logits (which exist anyway) and one value per
+token are kept for the backward pass, instead of an extra [tokens x V] tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Tuple
+
+import torch
+from fairseq import utils
+from fairseq.criterions import FairseqCriterion, register_criterion
+from fairseq.dataclass import FairseqDataclass
+from fairseq.logging import metrics
+from omegaconf import II
+from torch import Tensor
+
+CRITERION_NAME = "vaswani_label_smoothed_cross_entropy"
+
+
+@dataclass
+class LabelSmoothedCrossEntropyConfig(FairseqDataclass):
+    label_smoothing: float = field(
+        default=0.1, metadata={"help": "epsilon_ls, the label smoothing value (paper: 0.1)"}
+    )
+    report_accuracy: bool = field(
+        default=False, metadata={"help": "also log token accuracy"}
+    )
+    sentence_avg: bool = II("optimization.sentence_avg")
+
+
+def label_smoothed_loss_from_logits(
+    logits: Tensor, target: Tensor, epsilon: float, padding_idx: int
+) -> Tuple[Tensor, Tensor]:
+    """Summed label-smoothed loss and summed NLL over non-pad targets.
+
+    ``logits``: [N, V] (any float dtype; the arithmetic is in float32), ``target``: [N].
+    """
+    logits = logits.float()
+    vocab = logits.size(-1)
+    log_normalizer = torch.logsumexp(logits, dim=-1)
+    nll = log_normalizer - logits.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    smooth = vocab * log_normalizer - logits.sum(dim=-1)
+    keep = target.ne(padding_idx)
+    nll = nll.masked_fill(~keep, 0.0).sum()
+    smooth = smooth.masked_fill(~keep, 0.0).sum()
+    eps_other = epsilon / (vocab - 1)
+    loss = (1.0 - epsilon - eps_other) * nll + eps_other * smooth
+    return loss, nll
+
+
+@register_criterion(CRITERION_NAME, dataclass=LabelSmoothedCrossEntropyConfig)
+class LabelSmoothedCrossEntropy(FairseqCriterion):
+    def __init__(
+        self, task, sentence_avg: bool, label_smoothing: float, report_accuracy: bool = False
+    ) -> None:
+        super().__init__(task)
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"--label-smoothing must be in [0, 1), got {label_smoothing}")
+        self.sentence_avg = sentence_avg
+        self.eps = label_smoothing
+        self.report_accuracy = report_accuracy
+
+    def forward(self, model, sample: Dict, reduce: bool = True):
+        """Loss of one batch, its sample size (tokens or sentences) and logging outputs."""
+        net_output = model(**sample["net_input"])
+        target = model.get_targets(sample, net_output).reshape(-1)
+        logits = self._logits(model, net_output)
+        loss, nll_loss = label_smoothed_loss_from_logits(
+            logits, target, self.eps, self.padding_idx
+        )
+        sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
+        logging_output = {
+            "loss": loss.data,
+            "nll_loss": nll_loss.data,
+            "ntokens": sample["ntokens"],
+            "nsentences": sample["target"].size(0),
+            "sample_size": sample_size,
+        }
+        if self.report_accuracy:
+            keep = target.ne(self.padding_idx)
+            correct = logits.argmax(dim=-1).eq(target) & keep
+            logging_output["n_correct"] = utils.item(correct.sum())
+            logging_output["total"] = utils.item(keep.sum())
+        return loss, sample_size, logging_output
+
+    @staticmethod
+    def _logits(model, net_output) -> Tensor:
+        """[N, V] logits; models whose probabilities are not a softmax of logits go through
+        their own ``get_normalized_probs`` (log-probabilities are valid logits)."""
+        decoder = getattr(model, "decoder", None)
+        if getattr(decoder, "adaptive_softmax", None) is not None:
+            scores = model.get_normalized_probs(net_output, log_probs=True)
+        else:
+            scores = net_output[0]
+        return scores.reshape(-1, scores.size(-1))
+
+    @classmethod
+    def reduce_metrics(cls, logging_outputs: List[Dict]) -> None:
+        """Loss per sample-size unit and NLL per token, in bits, and perplexity (base 2)."""
+        loss_sum = sum(log.get("loss", 0) for log in logging_outputs)
+        nll_sum = sum(log.get("nll_loss", 0) for log in logging_outputs)
+        ntokens = sum(log.get("ntokens", 0) for log in logging_outputs)
+        sample_size = sum(log.get("sample_size", 0) for log in logging_outputs)
+        metrics.log_scalar("loss", loss_sum / sample_size / math.log(2), sample_size, round=3)
+        metrics.log_scalar("nll_loss", nll_sum / ntokens / math.log(2), ntokens, round=3)
+        metrics.log_derived("ppl", lambda meters: utils.get_perplexity(meters["nll_loss"].avg))
+        total = sum(log.get("total", 0) for log in logging_outputs)
+        if total > 0:
+            metrics.log_scalar("total", total)
+            metrics.log_scalar("n_correct", sum(log.get("n_correct", 0) for log in logging_outputs))
+            metrics.log_derived(
+                "accuracy",
+                lambda meters: round(meters["n_correct"].sum * 100.0 / meters["total"].sum, 3),
+            )
+
+    @staticmethod
+    def logging_outputs_can_be_summed() -> bool:
+        return True

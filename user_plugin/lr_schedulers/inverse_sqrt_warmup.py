@@ -1,0 +1,91 @@
+"""The learning-rate schedule of the paper (§5.3, equation 3)::
+
+    lrate = d_model^-0.5 * min(step_num^-0.5, step_num * warmup_steps^-1.5)
+
+a linear rise for ``warmup_steps`` updates, then decay with the inverse square root of the step.
+The peak, at ``step_num = warmup_steps``, is ``d_model^-0.5 * warmup_steps^-0.5``:
+6.99e-4 for the base model (d_model 512) and 4.94e-4 for the big one (1024), warmup 4000.
+
+fairseq calls ``step_update(0)`` before the first update and ``step_update(k)`` after update k,
+so the update about to run is number ``k + 1``: that is the paper's ``step_num``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Optional
+
+from fairseq.dataclass import FairseqDataclass
+from fairseq.optim.lr_scheduler import FairseqLRScheduler, register_lr_scheduler
+from omegaconf import II
+
+logger = logging.getLogger(__name__)
+
+SCHEDULER_NAME = "vaswani_inverse_sqrt"
+
+
+@dataclass
+class InverseSqrtWarmupConfig(FairseqDataclass):
+    warmup_updates: int = field(
+        default=4000, metadata={"help": "warmup_steps of the paper's schedule (4000)"}
+    )
+    lr_scale: float = field(
+        default=1.0, metadata={"help": "multiplies the paper's learning rate (1.0 = the paper)"}
+    )
+    d_model: Optional[int] = field(
+        default=None, metadata={"help": "d_model of the formula; default: the model's"}
+    )
+    # The model's width, when the model config has ``decoder_embed_dim``; null otherwise.
+    model_embed_dim: Optional[int] = II("oc.select:model.decoder_embed_dim,null")
+
+
+def paper_learning_rate(step_num: int, d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
+    """Equation 3 of §5.3 (``step_num`` counts from 1)."""
+    if step_num < 1:
+        raise ValueError(f"step_num counts from 1, got {step_num}")
+    return scale * d_model**-0.5 * min(step_num**-0.5, step_num * warmup_steps**-1.5)
+
+
+@register_lr_scheduler(SCHEDULER_NAME, dataclass=InverseSqrtWarmupConfig)
+class InverseSqrtWarmupSchedule(FairseqLRScheduler):
+    """Sets the learning rate of every update to equation 3; ``--lr`` is not used."""
+
+    def __init__(self, cfg: InverseSqrtWarmupConfig, optimizer) -> None:
+        super().__init__(cfg, optimizer)
+        if cfg.warmup_updates < 1:
+            raise ValueError(f"--warmup-updates must be at least 1, got {cfg.warmup_updates}")
+        d_model = cfg.d_model if cfg.d_model is not None else _model_dim(cfg)
+        if d_model is None or d_model < 1:
+            raise ValueError(
+                "vaswani_inverse_sqrt: the model has no --decoder-embed-dim; pass --d-model"
+            )
+        self.d_model = int(d_model)
+        self.warmup_updates = cfg.warmup_updates
+        self.scale = cfg.lr_scale
+        peak = paper_learning_rate(self.warmup_updates, self.d_model, self.warmup_updates, self.scale)
+        logger.info(
+            f"paper LR schedule: d_model {self.d_model}, warmup {self.warmup_updates}, "
+            f"scale {self.scale}: peak lr {peak:.3e} at update {self.warmup_updates}"
+        )
+        self.step_update(0)
+
+    def lr_at(self, num_updates: int) -> float:
+        """The learning rate of the update that follows ``num_updates`` finished ones."""
+        return paper_learning_rate(num_updates + 1, self.d_model, self.warmup_updates, self.scale)
+
+    def step_update(self, num_updates: int) -> float:
+        lr = self.lr_at(num_updates)
+        self.optimizer.set_lr(lr)
+        return lr
+
+    def step(self, epoch: int, val_loss: Optional[float] = None) -> float:
+        super().step(epoch, val_loss)
+        return self.optimizer.get_lr()
+
+
+def _model_dim(cfg) -> Optional[int]:
+    try:
+        return getattr(cfg, "model_embed_dim", None)
+    except Exception:  # an unresolvable interpolation outside a full fairseq config
+        return None

@@ -1,0 +1,59 @@
+"""Named architectures of ``vaswani_transformer`` (paper Table 3, §5.4).
+
+Each architecture fills in the options the user did not give on the command line. A user can
+register more the same way in their own ``--user-dir`` (see the README's extension guide)::
+
+    @register_model_architecture("vaswani_transformer", "my_arch")
+    def my_arch(args):
+        args.encoder_layers = getattr(args, "encoder_layers", 12)
+        vaswani_base(args)
+"""
+
+from __future__ import annotations
+
+from fairseq.models import register_model_architecture
+
+MODEL_NAME = "vaswani_transformer"
+
+
+def _default(args, name: str, value) -> None:
+    """Set ``args.name`` unless the user gave it."""
+    if getattr(args, name, None) is None:
+        setattr(args, name, value)
+
+
+def set_dims(
+    args,
+    *,
+    layers: int,
+    embed_dim: int,
+    ffn_dim: int,
+    heads: int,
+    dropout: float,
+) -> None:
+    """Fill encoder and decoder sizes symmetrically (the paper uses equal stacks)."""
+    for side in ("encoder", "decoder"):
+        _default(args, f"{side}_layers", layers)
+        _default(args, f"{side}_embed_dim", embed_dim)
+        _default(args, f"{side}_ffn_embed_dim", ffn_dim)
+        _default(args, f"{side}_attention_heads", heads)
+    _default(args, "dropout", dropout)
+
+
+@register_model_architecture(MODEL_NAME, "vaswani_base")
+def vaswani_base(args) -> None:
+    """Base model (Table 3): N 6, d_model 512, d_ff 2048, h 8, d_k = d_v = 64, P_drop 0.1."""
+    set_dims(args, layers=6, embed_dim=512, ffn_dim=2048, heads=8, dropout=0.1)
+
+
+@register_model_architecture(MODEL_NAME, "vaswani_big")
+def vaswani_big(args) -> None:
+    """Big model (Table 3): d_model 1024, d_ff 4096, h 16, P_drop 0.3 (EN-DE)."""
+    set_dims(args, layers=6, embed_dim=1024, ffn_dim=4096, heads=16, dropout=0.3)
+
+
+@register_model_architecture(MODEL_NAME, "vaswani_big_en_fr")
+def vaswani_big_en_fr(args) -> None:
+    """Big model for EN-FR: as ``vaswani_big`` with P_drop 0.1 (§5.4)."""
+    _default(args, "dropout", 0.1)
+    vaswani_big(args)

@@ -1,0 +1,184 @@
+"""Multi-head scaled dot-product attention (paper §3.2.1, §3.2.2).
+
+``MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O`` with
+``head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)`` and
+``Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V``.
+
+The ``h`` per-head projections are stored as one matrix each (``q_proj``, ``k_proj``, ``v_proj``),
+so all heads are computed by one matrix product. ``d_k`` and ``d_v`` default to ``d_model / h``
+and may be set on their own (Table 3 row B).
+
+The arithmetic of the fast path is PyTorch's ``scaled_dot_product_attention``, which picks a
+fused kernel (flash / memory-efficient attention on a GPU). Attention weights are only computed,
+by the explicit formula, when a caller asks for them (alignments, plots).
+
+Tensors are batch-first: ``[batch, time, channels]``; per-head tensors are ``[batch, heads,
+time, d_k]``. Masks are boolean with ``True`` meaning *may attend*, as SDPA expects.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from fairseq.incremental_decoding_utils import with_incremental_state
+from torch import Tensor, nn
+
+IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
+
+
+@with_incremental_state
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with an optional key/value cache for incremental decoding.
+
+    Args:
+        embed_dim: d_model, the width of queries, keys, values and output.
+        num_heads: h.
+        key_dim: d_k per head (default d_model / h).
+        value_dim: d_v per head (default d_model / h).
+        dropout: dropout on the attention probabilities (0 in the paper).
+        encoder_decoder: True for the decoder's encoder-decoder attention, whose keys and values
+            come from the encoder output and are therefore computed once per sentence when
+            decoding incrementally.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        key_dim: Optional[int] = None,
+        value_dim: Optional[int] = None,
+        dropout: float = 0.0,
+        encoder_decoder: bool = False,
+    ) -> None:
+        super().__init__()
+        if key_dim is None or value_dim is None:
+            if embed_dim % num_heads != 0:
+                raise ValueError(
+                    f"embed dim {embed_dim} is not divisible by {num_heads} attention heads; "
+                    "choose another --*-attention-heads or set --attention-key-dim and "
+                    "--attention-value-dim"
+                )
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.key_dim = key_dim or embed_dim // num_heads
+        self.value_dim = value_dim or embed_dim // num_heads
+        self.dropout = dropout
+        self.encoder_decoder = encoder_decoder
+        self.q_proj = nn.Linear(embed_dim, num_heads * self.key_dim)
+        self.k_proj = nn.Linear(embed_dim, num_heads * self.key_dim)
+        self.v_proj = nn.Linear(embed_dim, num_heads * self.value_dim)
+        self.out_proj = nn.Linear(num_heads * self.value_dim, embed_dim)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
+            nn.init.xavier_uniform_(proj.weight)
+            nn.init.zeros_(proj.bias)
+
+    def _split_heads(self, x: Tensor, head_dim: int) -> Tensor:
+        """[B, T, h * d] -> [B, h, T, d]."""
+        batch, time, _ = x.shape
+        return x.view(batch, time, self.num_heads, head_dim).transpose(1, 2)
+
+    def forward(
+        self,
+        query: Tensor,
+        key_value: Optional[Tensor],
+        attn_mask: Optional[Tensor] = None,
+        is_causal: bool = False,
+        incremental_state: Optional[IncrementalState] = None,
+        need_weights: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """Attend from ``query`` [B, T, C] to ``key_value`` [B, S, C].
+
+        Args:
+            attn_mask: boolean, broadcastable to [B, h, T, S], True where attending is allowed.
+            is_causal: position i attends to positions <= i (decoder self-attention, §3.2.3).
+            incremental_state: cache for step-by-step decoding. Self-attention appends the
+                new step's key and value; encoder-decoder attention computes them on the
+                first step and reuses them (``key_value`` may then be None).
+            need_weights: also return the attention probabilities [B, h, T, S].
+        """
+        cache = self._get_cache(incremental_state)
+        q = self._split_heads(self.q_proj(query), self.key_dim)
+        if self.encoder_decoder and cache is not None and "key" in cache:
+            k, v = cache["key"], cache["value"]
+        else:
+            assert key_value is not None, "keys and values are needed on the first step"
+            k = self._split_heads(self.k_proj(key_value), self.key_dim)
+            v = self._split_heads(self.v_proj(key_value), self.value_dim)
+            if cache is not None and not self.encoder_decoder and "key" in cache:
+                k = torch.cat([cache["key"], k], dim=2)
+                v = torch.cat([cache["value"], v], dim=2)
+            if cache is not None:
+                self._set_cache(incremental_state, {"key": k, "value": v})
+        if incremental_state is not None and not self.encoder_decoder:
+            # One query step sees every cached position: the causal mask is implicit.
+            is_causal = False
+
+        dropout_p = self.dropout if self.training else 0.0
+        if need_weights:
+            context, weights = _explicit_attention(q, k, v, attn_mask, is_causal, dropout_p)
+        else:
+            context = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
+            )
+            weights = None
+        batch, _, time, _ = context.shape
+        context = context.transpose(1, 2).reshape(batch, time, self.num_heads * self.value_dim)
+        return self.out_proj(context), weights
+
+    # -- incremental decoding -------------------------------------------------------------
+
+    def _get_cache(self, incremental_state: Optional[IncrementalState]) -> Optional[Dict]:
+        if incremental_state is None:
+            return None
+        return self.get_incremental_state(incremental_state, "attn_cache") or {}
+
+    def _set_cache(self, incremental_state: IncrementalState, cache: Dict) -> None:
+        self.set_incremental_state(incremental_state, "attn_cache", cache)
+
+    def reorder_incremental_state(
+        self, incremental_state: IncrementalState, new_order: Tensor
+    ) -> IncrementalState:
+        """Follow beam search: keep the cached keys/values of the hypotheses in ``new_order``."""
+        cache = self.get_incremental_state(incremental_state, "attn_cache")
+        if cache:
+            reordered = {name: t.index_select(0, new_order) for name, t in cache.items()}
+            self._set_cache(incremental_state, reordered)
+        return incremental_state
+
+
+def _explicit_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn_mask: Optional[Tensor],
+    is_causal: bool,
+    dropout_p: float,
+) -> Tuple[Tensor, Tensor]:
+    """softmax(Q K^T / sqrt(d_k)) V written out, returning the probabilities as well (§3.2.1)."""
+    scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+    if is_causal:
+        scores = scores.masked_fill(~causal_mask(q.size(-2), k.size(-2), q.device), -math.inf)
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, -math.inf)
+    probs = torch.softmax(scores.float(), dim=-1).type_as(scores)
+    context = torch.matmul(F.dropout(probs, p=dropout_p), v)
+    return context, probs
+
+
+def causal_mask(query_len: int, key_len: int, device: torch.device) -> Tensor:
+    """[T, S] boolean, True where query i may see key j (j <= i, aligned at the end)."""
+    offset = key_len - query_len
+    return torch.ones(query_len, key_len, dtype=torch.bool, device=device).tril(offset)
+
+
+def key_padding_to_attn_mask(key_padding_mask: Optional[Tensor]) -> Optional[Tensor]:
+    """[B, S] (True = pad) -> [B, 1, 1, S] (True = may attend), or None when nothing is padded."""
+    if key_padding_mask is None:
+        return None
+    return (~key_padding_mask)[:, None, None, :]
