@@ -29,6 +29,64 @@ def require_data(path: Path) -> Path:
     return path
 
 
+def tokenize_file(src: Path, dst: Path, lang: str, limit: int) -> None:
+    """Moses-tokenize the first ``limit`` lines of ``src`` into ``dst`` (sacremoses)."""
+    from sacremoses import MosesTokenizer
+
+    tokenizer = MosesTokenizer(lang=lang)
+    with open(src, encoding="utf-8") as fin, open(dst, "w", encoding="utf-8") as fout:
+        for i, line in enumerate(fin):
+            if i >= limit:
+                break
+            fout.write(tokenizer.tokenize(line.strip(), escape=False, return_str=True) + "\n")
+
+
+@pytest.fixture(scope="session")
+def multi30k_bin(tmp_path_factory) -> SimpleNamespace:
+    """A real slice of Multi30k EN-DE, Moses-tokenized and binarized with a joined dictionary:
+    3000 training pairs, 200 validation pairs, 100 test pairs (test_2016_flickr)."""
+    from cli import run_fairseq
+
+    require_data(MULTI30K)
+    root = tmp_path_factory.mktemp("multi30k")
+    text = root / "text"
+    text.mkdir()
+    for split, name, limit in (("train", "train", 3000), ("valid", "val", 200),
+                               ("test", "test_2016_flickr", 100)):
+        for lang in ("en", "de"):
+            tokenize_file(MULTI30K / f"{name}.{lang}", text / f"{split}.{lang}", lang, limit)
+    data_bin = root / "data-bin"
+    run_fairseq("preprocess", [
+        "--source-lang", "en", "--target-lang", "de", "--joined-dictionary",
+        "--trainpref", text / "train", "--validpref", text / "valid", "--testpref", text / "test",
+        "--destdir", data_bin, "--thresholdsrc", "2", "--thresholdtgt", "2", "--workers", "1",
+    ])
+    return SimpleNamespace(root=root, text_dir=text, data_bin=data_bin)
+
+
+@pytest.fixture(scope="session")
+def trained_multi30k(multi30k_bin) -> SimpleNamespace:
+    """A tiny ``vaswani_base`` trained by the real ``fairseq-train`` for 60 updates on
+    :func:`multi30k_bin`, with a checkpoint every 20 updates. ``train_log`` is its output."""
+    from cli import PAPER_OPTIMIZATION_ARGS, TINY_MODEL_ARGS, USER_DIR, run_fairseq
+
+    checkpoint_dir = multi30k_bin.root / "checkpoints"
+    train_args = [
+        multi30k_bin.data_bin, "--user-dir", USER_DIR, "--cpu", "--seed", "1",
+        *TINY_MODEL_ARGS, *PAPER_OPTIMIZATION_ARGS,
+        "--warmup-updates", "40", "--lr-scale", "0.5",
+        "--max-tokens", "1500", "--max-update", "60", "--save-interval-updates", "20",
+        "--save-dir", checkpoint_dir, "--log-format", "json", "--log-interval", "5",
+        "--required-batch-size-multiple", "1", "--num-workers", "0",
+    ]
+    proc = run_fairseq("train", train_args)
+    return SimpleNamespace(
+        data_bin=multi30k_bin.data_bin, text_dir=multi30k_bin.text_dir,
+        checkpoint_dir=checkpoint_dir, user_dir=USER_DIR, train_args=[str(a) for a in train_args],
+        train_log=proc.stdout + proc.stderr,
+    )
+
+
 def make_dictionary(num_types: int) -> Dictionary:
     """A fairseq dictionary with the 4 special symbols plus ``num_types - 4`` dummy words."""
     dictionary = Dictionary()

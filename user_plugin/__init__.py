@@ -18,3 +18,5 @@ allow_fairseq_checkpoint_globals()
 from . import criterions, lr_schedulers, models  # noqa: E402,F401
 from .criterions import label_smoothed_cross_entropy  # noqa: E402,F401
 from .lr_schedulers import inverse_sqrt_warmup  # noqa: E402,F401
+from . import tasks  # noqa: E402,F401
+from .tasks import vaswani_translation  # noqa: E402,F401

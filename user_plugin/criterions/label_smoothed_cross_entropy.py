@@ -11,8 +11,6 @@ Computed from the logits ``z`` without building the log-probability tensor:
 token are kept for the backward pass, instead of an extra [tokens x V] tensor.
 """
 
-from __future__ import annotations
-
 import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Tuple

@@ -10,8 +10,6 @@ fairseq calls ``step_update(0)`` before the first update and ``step_update(k)`` 
 so the update about to run is number ``k + 1``: that is the paper's ``step_num``.
 """
 
-from __future__ import annotations
-
 import logging
 from dataclasses import dataclass, field
 from typing import Optional

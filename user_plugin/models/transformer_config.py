@@ -8,8 +8,6 @@ Registering the model with this dataclass (rather than argparse) means checkpoin
 configuration as plain containers, which load under torch's ``weights_only`` safe loading.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass, field
 from typing import Optional
 

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Step 4, average (paper §6.1): the mean of the last AVERAGE_LAST interval checkpoints (5 for
+# base, 20 for big) into $WORK_DIR/$MODEL/average/checkpoint_avg.pt, with
+# scripts/average_checkpoints.py. Run through recipes/<pair>/average.sh.
+#
+# Environment: WORK_DIR, MODEL [base|big], AVERAGE_LAST [5 | 20]. When training kept fewer
+# interval checkpoints than AVERAGE_LAST, all of them are averaged (with a warning).
+set -euo pipefail
+STEP_NAME=average
+# shellcheck source=../common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
+# shellcheck disable=SC1090
+source "${PAIR_CONFIG:?run recipes/<pair>/average.sh, which sets PAIR_CONFIG}"
+activate_venv
+setup_paths
+model_defaults
+AVERAGE_SCRIPT=${AVERAGE_SCRIPT:-$SCRIPTS_DIR/average_checkpoints.py}
+[ "$AVERAGE_LAST" -gt 0 ] || die "AVERAGE_LAST must be positive"
+
+config="v1 last=$AVERAGE_LAST"
+if step_is_done "$AVG_DIR" "$config" "$CKPT_DIR"; then
+  log "already done ($AVG_DIR/.done); skipping"
+  exit 0
+fi
+require_step "$CKPT_DIR" train
+[ -f "$AVERAGE_SCRIPT" ] || die "$AVERAGE_SCRIPT is missing"
+available=$(cd "$CKPT_DIR" && ls checkpoint_[0-9]*_[0-9]*.pt 2>/dev/null | wc -l)
+[ "$available" -gt 0 ] || die "no interval checkpoints (checkpoint_E_U.pt) in $CKPT_DIR"
+count=$AVERAGE_LAST
+if [ "$available" -lt "$count" ]; then
+  log "warning: only $available interval checkpoints in $CKPT_DIR; averaging those instead of $count"
+  count=$available
+fi
+step_restart "$AVG_DIR"
+log "averaging the last $count update checkpoints of $CKPT_DIR"
+run python "$AVERAGE_SCRIPT" --inputs "$CKPT_DIR" --num-update-checkpoints "$count" \
+  --output "$AVG_DIR/checkpoint_avg.pt"
+[ -s "$AVG_DIR/checkpoint_avg.pt" ] || die "$AVERAGE_SCRIPT wrote no $AVG_DIR/checkpoint_avg.pt"
+step_mark_done "$AVG_DIR" "$config" "$CKPT_DIR" -- checkpoint_avg.pt

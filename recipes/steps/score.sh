@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Step 6, score (paper Table 2): BLEU of the test translations against the untouched reference,
+# with scripts/score_translation.py: tokenized BLEU (with compound splitting for German, the
+# paper's lineage) and sacreBLEU with its signature. Both are printed and saved in
+# $WORK_DIR/$MODEL/score/{bleu.json,bleu.txt}. Run through recipes/<pair>/score.sh.
+#
+# Environment: WORK_DIR, MODEL [base|big].
+set -euo pipefail
+STEP_NAME=score
+# shellcheck source=../common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
+# shellcheck disable=SC1090
+source "${PAIR_CONFIG:?run recipes/<pair>/score.sh, which sets PAIR_CONFIG}"
+activate_venv
+setup_paths
+SCORE_SCRIPT=${SCORE_SCRIPT:-$SCRIPTS_DIR/score_translation.py}
+T=$TGT_LANG
+
+config="v1 $T"
+if step_is_done "$SCORE_DIR" "$config" "$GEN_DIR"; then
+  log "already done ($SCORE_DIR/.done); skipping"
+  cat "$SCORE_DIR/bleu.txt"
+  exit 0
+fi
+require_step "$GEN_DIR" generate
+[ -f "$SCORE_SCRIPT" ] || die "$SCORE_SCRIPT is missing"
+compound=()
+[ "$T" = de ] || compound=(--no-compound-split)
+step_restart "$SCORE_DIR"
+log "scoring $GEN_DIR/hyp.detok.$T against $PREP_DIR/test.ref.$T"
+run python "$SCORE_SCRIPT" --hyp "$GEN_DIR/hyp.detok.$T" --ref "$PREP_DIR/test.ref.$T" \
+  --target-lang "$T" "${compound[@]}" --output-json "$SCORE_DIR/bleu.json" \
+  > "$SCORE_DIR/bleu.txt.tmp"
+mv "$SCORE_DIR/bleu.txt.tmp" "$SCORE_DIR/bleu.txt"
+cat "$SCORE_DIR/bleu.txt"
+[ -s "$SCORE_DIR/bleu.json" ] || die "$SCORE_SCRIPT wrote no $SCORE_DIR/bleu.json"
+step_mark_done "$SCORE_DIR" "$config" "$GEN_DIR" -- bleu.json bleu.txt

@@ -1,0 +1,25 @@
+# shellcheck shell=bash
+# WMT14 English-French as the paper uses it (§5.1): Europarl v7, Common Crawl, News Commentary
+# v9, the UN corpus and the 10^9 (giga-fren) corpus for training (about 36M pairs),
+# newstest2013 for development, newstest2014 (full, 3003 sentences) for test; a 32000-piece
+# SentencePiece model stands in for the paper's word pieces.
+# Sourced by the step scripts; every value can be overridden from the environment.
+PAIR_NAME=wmt14_en_fr
+SRC_LANG=en
+TGT_LANG=fr
+SUBWORD=sentencepiece
+BIG_ARCH=vaswani_big_en_fr
+
+# Training corpora: "archive|url|size in bytes|sha256|source member|target member".
+# Sizes and sha256 sums as recorded in tensorflow/datasets' url_checksums for these URLs.
+TRAIN_CORPORA=(
+  "training-parallel-europarl-v7.tgz|https://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz|657632379|0224c7c710c8a063dfd893b0cc0830202d61f4c75c17eb8e31836103d27d96e7|training/europarl-v7.fr-en.en|training/europarl-v7.fr-en.fr"
+  "training-parallel-commoncrawl.tgz|https://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz|918311367|c7a74e2ea01ac6c920123108627e35278d4ccb5701e15428ffa34de86fa3a9e5|commoncrawl.fr-en.en|commoncrawl.fr-en.fr"
+  "training-parallel-nc-v9.tgz|https://www.statmt.org/wmt14/training-parallel-nc-v9.tgz|80418416|cb8953f292298e6877ae433c98912b927cb0766b303f4540512ddd286c748485|training/news-commentary-v9.fr-en.en|training/news-commentary-v9.fr-en.fr"
+  "training-parallel-un.tgz|https://www.statmt.org/wmt13/training-parallel-un.tgz|2365634246|29141b5c1eba149a94f7a59d3b1a834b2e47fe0f8758d68dcd77a3d3f497ee47|un/undoc.2000.fr-en.en|un/undoc.2000.fr-en.fr"
+  "training-giga-fren.tar|https://www.statmt.org/wmt10/training-giga-fren.tar|2595102720|3ff8319f6919393520559bfbc7ad6a747ec81b3abc7be9993b338d4b017b4d9a|giga-fren.release2.fixed.en.gz|giga-fren.release2.fixed.fr.gz"
+)
+# Development and test sets (SGM): "archive|url|md5|source member|target member|lines".
+# md5 sums as recorded in sacrebleu's dataset table (wmt13, wmt14/full).
+DEV_SET="wmt13-test.tgz|https://www.statmt.org/wmt13/test.tgz|48eca5d02f637af44e85186847141f67|test/newstest2013-src.en.sgm|test/newstest2013-src.fr.sgm|3000"
+TEST_SET="wmt14-test-full.tgz|https://www.statmt.org/wmt14/test-full.tgz|a8cd784e006feb32ac6f3d9ec7eb389a|test-full/newstest2014-fren-src.en.sgm|test-full/newstest2014-fren-ref.fr.sgm|3003"

@@ -1,0 +1,301 @@
+#!/usr/bin/env python3
+"""Average the parameters of several fairseq checkpoints into one (paper §6.1).
+
+"For the base models, we used a single model obtained by averaging the last 5 checkpoints,
+which were written at 10-minute intervals. For the big models, we averaged the last 20
+checkpoints." With fairseq, checkpoints written every K updates
+(``--save-interval-updates K``) are named ``checkpoint_<epoch>_<update>.pt``, and per-epoch ones
+``checkpoint<epoch>.pt``; this script picks the last N of either kind from a directory, or takes
+a list of files, and writes their elementwise mean.
+
+fairseq's own ``scripts/average_checkpoints.py`` is not part of its wheel; this is the project's
+own, with the same command line::
+
+    python scripts/average_checkpoints.py --inputs CHECKPOINT_DIR --num-update-checkpoints 5 \\
+        --output CHECKPOINT_DIR/checkpoint_avg5.pt [--checkpoint-upper-bound 100000]
+
+How it averages: checkpoints are read one at a time (only one is in memory beside the running
+float64 sum); each must have the same parameter names and shapes as the first (otherwise it is
+refused as another architecture or vocabulary, naming the parameter and both files). Floating
+point tensors are summed in float64 and the mean is cast back to each tensor's dtype; integer and
+boolean buffers are not parameters and must agree across checkpoints. Tensors tied in the first
+checkpoint (shared embeddings, §3.4) stay tied in the output. The output keeps the non-parameter
+fields (``cfg``, ``optimizer_history``, ...) of the first checkpoint of the list (the newest one
+when selecting from a directory), without the optimizer state or EMA copies, so it is about the
+size of the model. It is written atomically: nothing is written when anything goes wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import pickle
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+# ``import user_plugin`` from any working directory; ``import _cli`` when imported as a module.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch
+from _cli import UserError, atomic_write, first_line, run_main
+
+UPDATE_CHECKPOINT = re.compile(r"checkpoint_(\d+)_(\d+)\.pt")
+EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt")
+
+#: What ``torch.load`` raises for truncated, foreign or unsafe files (zip reader errors are
+#: RuntimeErrors, pickle garbage is an UnpicklingError, an empty file an EOFError).
+LOAD_ERRORS = (RuntimeError, pickle.UnpicklingError, EOFError, ValueError, OSError, TypeError,
+               AttributeError, KeyError, IndexError, ImportError)
+
+#: Top-level fields not copied to the averaged checkpoint: the optimizer's moments are as large
+#: as the model (twice, for Adam) and mean nothing for the averaged parameters.
+DROPPED_FIELDS = ("last_optimizer_state",)
+#: ``extra_state`` fields not copied: EMA copies of one checkpoint's model, not averaged.
+DROPPED_EXTRA_FIELDS = ("ema", "ema_fp32_params")
+
+
+def select_checkpoints(directory: Path, count: int, by: str = "update",
+                       upper_bound: int | None = None) -> list[Path]:
+    """The last ``count`` checkpoints of ``directory``, newest first.
+
+    ``by="update"`` orders ``checkpoint_<epoch>_<update>.pt`` by update number, ``by="epoch"``
+    orders ``checkpoint<epoch>.pt`` by epoch; ``upper_bound`` drops those past that update (or
+    epoch). Raises :class:`UserError` when fewer than ``count`` remain.
+    """
+    if by not in ("update", "epoch"):
+        raise ValueError(f"by must be 'update' or 'epoch', not {by!r}")
+    if count < 1:
+        raise UserError(f"the number of checkpoints to average must be >= 1, not {count}")
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise UserError(f"{directory}: no such directory")
+    pattern = UPDATE_CHECKPOINT if by == "update" else EPOCH_CHECKPOINT
+    found: list[tuple[tuple[int, ...], Path]] = []
+    for path in directory.iterdir():
+        match = pattern.fullmatch(path.name)
+        if match is None or not path.is_file():
+            continue
+        numbers = tuple(int(group) for group in match.groups())
+        order = (numbers[1], numbers[0]) if by == "update" else numbers
+        if upper_bound is None or order[0] <= upper_bound:
+            found.append((order, path))
+    found.sort(reverse=True)
+    if len(found) < count:
+        name = "checkpoint_<epoch>_<update>.pt" if by == "update" else "checkpoint<epoch>.pt"
+        bound = f" with {by} <= {upper_bound}" if upper_bound is not None else ""
+        raise UserError(f"{directory}: asked for the last {count} {name} files{bound}, "
+                        f"found {len(found)}")
+    return [path for _, path in found[:count]]
+
+
+def allow_fairseq_types() -> None:
+    """Import the plugin, whose ``__init__`` allow-lists fairseq's checkpoint types for
+    ``torch.load(weights_only=True)`` (it imports fairseq, which takes a few seconds)."""
+    import user_plugin  # noqa: F401
+
+
+def _load_error_reason(error: BaseException) -> str:
+    """A short reason for a failed ``torch.load``: the refused type for unsafe files, else the
+    error's type and the first sentence of its message (truncated zips explain at length)."""
+    unsafe = re.search(r"Unsupported global: [^\n]*", str(error))
+    if unsafe:
+        return f"refused by safe loading: {unsafe.group(0).split('. ')[0]}"
+    message = first_line(error)
+    if message == type(error).__name__:
+        return message
+    return f"{type(error).__name__}: {message.split('. ')[0]}"
+
+
+def load_checkpoint(path: Path) -> dict:
+    """Load a fairseq checkpoint on the CPU under safe loading, or raise :class:`UserError`."""
+    allow_fairseq_types()
+    path = Path(path)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory, expected a checkpoint file") from None
+    except LOAD_ERRORS as error:
+        raise UserError(f"{path}: not a readable PyTorch checkpoint "
+                        f"({_load_error_reason(error)})") from None
+    if not isinstance(state, dict) or "model" not in state:
+        raise UserError(f"{path}: not a fairseq checkpoint (no 'model' entry)")
+    model = state["model"]
+    if not isinstance(model, dict) or not model:
+        raise UserError(f"{path}: the 'model' entry is not a non-empty state dict")
+    for key, value in model.items():
+        if not isinstance(value, torch.Tensor):
+            raise UserError(f"{path}: model entry {key!r} is a {type(value).__name__}, "
+                            "not a tensor")
+    return state
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple[int, int, tuple[int, ...], tuple[int, ...]]:
+    """Identifies the memory a tensor views: equal keys mean the tensors are tied."""
+    return (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
+            tuple(tensor.stride()))
+
+
+def _tied_groups(model: dict[str, torch.Tensor]) -> dict[str, str]:
+    """Maps each tensor name to the first name (in order) that views the same memory."""
+    first_by_storage: dict[tuple, str] = {}
+    canonical: dict[str, str] = {}
+    for key, tensor in model.items():
+        canonical[key] = first_by_storage.setdefault(_storage_key(tensor), key)
+    return canonical
+
+
+def _check_same_layout(key_order: list[str], reference: dict[str, torch.Tensor],
+                       model: dict[str, torch.Tensor], first: Path, path: Path) -> None:
+    """Refuse a checkpoint whose parameter names or shapes differ from the first one's."""
+    missing = [key for key in key_order if key not in model]
+    if missing:
+        raise UserError(f"{path}: has no parameter {missing[0]!r} that {first} has "
+                        f"({len(missing)} missing; another architecture?)")
+    extra = [key for key in model if key not in reference]
+    if extra:
+        raise UserError(f"{path}: has parameter {extra[0]!r} that {first} does not have "
+                        f"({len(extra)} extra; another architecture?)")
+    for key in key_order:
+        want, got = tuple(reference[key].shape), tuple(model[key].shape)
+        if want != got:
+            raise UserError(f"{path}: parameter {key!r} has shape {list(got)} but {list(want)} "
+                            f"in {first} (another architecture or vocabulary?)")
+
+
+def average_checkpoints(paths: Sequence[Path]) -> dict:
+    """The fairseq checkpoint whose parameters are the elementwise mean of those of ``paths``.
+
+    Reads one checkpoint at a time; see the module docstring for the rules. Raises
+    :class:`UserError` (one line naming the file) on any unreadable or mismatched checkpoint.
+    """
+    paths = [Path(path) for path in paths]
+    if not paths:
+        raise UserError("no checkpoints to average")
+    seen: dict[Path, Path] = {}
+    for path in paths:
+        resolved = path.resolve()
+        if resolved in seen:
+            raise UserError(f"{path}: given twice (also as {seen[resolved]})")
+        seen[resolved] = path
+
+    first = paths[0]
+    state = load_checkpoint(first)
+    model = state.pop("model")
+    key_order = list(model)
+    canonical = _tied_groups(model)
+    # Shapes and dtypes of the first checkpoint, as storage-less tensors, for the checks.
+    reference = {key: torch.empty(t.shape, dtype=t.dtype, device="meta")
+                 for key, t in model.items()}
+    sums: dict[str, torch.Tensor] = {}
+    for key in key_order:
+        if canonical[key] == key:
+            tensor = model[key]
+            floating = tensor.is_floating_point()
+            sums[key] = tensor.to(torch.float64, copy=True) if floating else tensor
+    del model
+    for field in DROPPED_FIELDS:
+        state.pop(field, None)
+    if isinstance(state.get("extra_state"), dict):
+        for field in DROPPED_EXTRA_FIELDS:
+            state["extra_state"].pop(field, None)
+
+    for path in paths[1:]:
+        other = load_checkpoint(path)["model"]
+        _check_same_layout(key_order, reference, other, first, path)
+        for key in key_order:
+            tensor = other[key]
+            if canonical[key] != key:
+                tied = other[canonical[key]]
+                if _storage_key(tensor) != _storage_key(tied) and not torch.equal(tensor, tied):
+                    raise UserError(f"{path}: parameters {canonical[key]!r} and {key!r} are "
+                                    f"tied in {first} but differ here")
+            elif reference[key].is_floating_point():
+                if not tensor.is_floating_point():
+                    raise UserError(f"{path}: parameter {key!r} is {tensor.dtype}, "
+                                    f"floating point in {first}")
+                sums[key] += tensor
+            elif not torch.equal(sums[key], tensor):
+                raise UserError(f"{path}: {sums[key].dtype} buffer {key!r} differs from {first}'s"
+                                " (integer and boolean buffers are not averaged)")
+        del other
+
+    averaged: dict[str, torch.Tensor] = {}
+    for key in key_order:
+        if canonical[key] != key:
+            averaged[key] = averaged[canonical[key]]
+        elif reference[key].is_floating_point():
+            averaged[key] = sums.pop(key).div_(len(paths)).to(reference[key].dtype)
+        else:
+            averaged[key] = sums.pop(key)
+    state["model"] = averaged
+    state["averaged_from"] = [path.name for path in paths]
+    return state
+
+
+def save_checkpoint(state: dict, output: Path) -> None:
+    """Write ``state`` with ``torch.save`` atomically (temporary file + ``os.replace``)."""
+    atomic_write(Path(output), lambda temp: torch.save(state, temp))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Average the parameters of fairseq checkpoints (paper §6.1: the last 5 for "
+                    "base models, the last 20 for big ones).")
+    parser.add_argument("--inputs", required=True, nargs="+", metavar="PATH",
+                        help="checkpoint files to average, or one directory together with "
+                             "--num-update-checkpoints or --num-epoch-checkpoints")
+    parser.add_argument("--output", required=True, metavar="FILE",
+                        help="where to write the averaged checkpoint (atomically)")
+    selection = parser.add_mutually_exclusive_group()
+    selection.add_argument("--num-update-checkpoints", type=int, metavar="N",
+                           help="average the last N checkpoint_<epoch>_<update>.pt of the "
+                                "directory, by update number")
+    selection.add_argument("--num-epoch-checkpoints", type=int, metavar="N",
+                           help="average the last N checkpoint<epoch>.pt of the directory")
+    parser.add_argument("--checkpoint-upper-bound", type=int, metavar="U",
+                        help="ignore checkpoints past update (or epoch) U")
+    return parser
+
+
+def resolve_inputs(args: argparse.Namespace) -> list[Path]:
+    """The checkpoint files named by the command line, newest first for a directory."""
+    counts = [n for n in (args.num_update_checkpoints, args.num_epoch_checkpoints) if n is not None]
+    selecting = bool(counts)
+    if args.checkpoint_upper_bound is not None and not selecting:
+        raise UserError("--checkpoint-upper-bound needs --num-update-checkpoints or "
+                        "--num-epoch-checkpoints")
+    if selecting:
+        if len(args.inputs) != 1 or not Path(args.inputs[0]).is_dir():
+            raise UserError(f"--num-*-checkpoints needs --inputs to be one directory, got "
+                            f"{' '.join(args.inputs)}")
+        by = "update" if args.num_update_checkpoints is not None else "epoch"
+        return select_checkpoints(Path(args.inputs[0]), counts[0], by,
+                                  args.checkpoint_upper_bound)
+    directories = [path for path in args.inputs if Path(path).is_dir()]
+    if directories:
+        raise UserError(f"{directories[0]}: is a directory; give --num-update-checkpoints N or "
+                        "--num-epoch-checkpoints N to pick checkpoints from it")
+    return [Path(path) for path in args.inputs]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # Before fairseq is imported: its text_to_speech task configures INFO logging on import.
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    paths = resolve_inputs(args)
+    print(f"averaging {len(paths)} checkpoint(s): {', '.join(str(path) for path in paths)}",
+          flush=True)
+    state = average_checkpoints(paths)
+    save_checkpoint(state, Path(args.output))
+    count = sum(tensor.numel() for tensor in {id(t): t for t in state["model"].values()}.values())
+    print(f"wrote {args.output} ({count:,} averaged values)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main, None, Path(sys.argv[0]).name))

@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""Draw a trained model's attention weights as heatmaps, as in the paper's Figures 3-5.
+
+For one sentence pair, the model is run teacher-forced (the target is fed to the decoder) and
+every attention distribution is drawn:
+
+* ``encoder_self_layer{L}.png``: encoder self-attention; rows = query source token, columns =
+  attended source token (the source ends with ``</s>``);
+* ``decoder_self_layer{L}.png``: masked decoder self-attention; rows = the target token being
+  predicted at that position, columns = the decoder input tokens (``<s>`` is fairseq's
+  start symbol, the EOS);
+* ``encoder_decoder_layer{L}.png``: encoder-decoder attention; rows = target token being
+  predicted, columns = source tokens.
+
+One PNG per (kind, layer), with one panel per head (layers are numbered from 1), so a run writes
+``N_enc + 2 * N_dec`` files. Rows sum to 1; each panel's colours run from 0 to its own largest
+weight (given in the panel title). With only a source sentence, the target is first
+decoded with the paper's beam search (beam 4, GNMT alpha 0.6); with several checkpoints only
+the first is drawn.
+
+    python scripts/plot_attention.py --model-dir MODEL_DIR --source "A man rides a bike." \\
+        --out-dir attention/ [--target "Ein Mann fährt Rad."]
+    python scripts/plot_attention.py --checkpoint ckpt/checkpoint_best.pt --data-dir data-bin \\
+        --source-lang en --target-lang de --source "..." --out-dir attention/
+
+Raw sentences go through the model directory's Moses/BPE settings (see ``user_plugin.hub``);
+``--tokenized`` takes them as model tokens (already tokenized and BPE-split) instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import logging
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _cli import UserError, atomic_write, run_main
+
+KINDS = ("encoder_self", "decoder_self", "encoder_decoder")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--model-dir", type=Path, help="a hub model directory (user_plugin.hub)")
+    where.add_argument("--checkpoint", type=Path, help="a checkpoint file (with --data-dir)")
+    parser.add_argument("--data-dir", type=Path,
+                        help="fairseq-preprocess output with the dictionaries")
+    parser.add_argument("--source-lang")
+    parser.add_argument("--target-lang")
+    parser.add_argument("--bpe-codes", type=Path)
+    parser.add_argument("--sentencepiece-model", type=Path)
+    parser.add_argument("--source", required=True, help="the source sentence")
+    parser.add_argument("--target", help="its translation (default: decode the source)")
+    parser.add_argument("--tokenized", action="store_true",
+                        help="sentences are already model tokens (no Moses, no BPE)")
+    parser.add_argument("--out-dir", type=Path, required=True)
+    parser.add_argument("--dpi", type=int, default=100)
+    args = parser.parse_args(argv)
+    if args.checkpoint is not None and args.data_dir is None:
+        parser.error("--checkpoint needs --data-dir (the dictionaries)")
+    if not args.source.strip():
+        parser.error("--source is empty")
+    return args
+
+
+def load(args: argparse.Namespace):
+    from user_plugin.hub import HubError, load_translator
+
+    if args.model_dir is not None:
+        model_dir, checkpoints = args.model_dir, None
+    else:
+        model_dir, checkpoints = args.checkpoint.parent, [args.checkpoint.resolve()]
+    def absolute(path: Path | None) -> Path | None:
+        return None if path is None else path.resolve()
+
+    try:
+        return load_translator(
+            model_dir, checkpoints=checkpoints, data_dir=args.data_dir,
+            source_lang=args.source_lang, target_lang=args.target_lang,
+            bpe_codes=absolute(args.bpe_codes),
+            sentencepiece_model=absolute(args.sentencepiece_model), moses=False if args.tokenized else None,
+        )
+    except HubError as error:
+        raise UserError(str(error)) from None
+
+
+def attention_maps(model, src_tokens, tgt_tokens, eos: int) -> dict:
+    """Teacher-forced attention weights: {kind: [per layer, tensor [heads, rows, columns]]}.
+
+    ``src_tokens`` and ``tgt_tokens`` are 1-D and end with EOS; the decoder input is
+    ``EOS + tgt_tokens[:-1]`` (fairseq's convention).
+    """
+    import torch
+
+    src = src_tokens.unsqueeze(0)
+    prev = torch.cat([tgt_tokens.new_tensor([eos]), tgt_tokens[:-1]]).unsqueeze(0)
+    with torch.no_grad():
+        encoder_out = model.encoder(src, src_lengths=torch.tensor([src.size(1)]), need_attn=True)
+        _, extra = model.decoder(prev, encoder_out=encoder_out, need_attn=True)
+    return {
+        "encoder_self": [w[0] for w in encoder_out["self_attn"]],
+        "decoder_self": [layer["self_attn"][0] for layer in extra["layer_attn"]],
+        "encoder_decoder": [layer["encoder_attn"][0] for layer in extra["layer_attn"]],
+    }
+
+
+def draw_heads(weights, row_labels: list[str], column_labels: list[str], title: str, dpi: int):
+    """A figure with one heatmap per head of ``weights`` [heads, rows, columns]."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    heads = weights.size(0)
+    columns = min(heads, 4)
+    rows = math.ceil(heads / columns)
+    cell = 0.28
+    width = max(3.0, cell * len(column_labels) + 1.2)
+    height = max(3.0, cell * len(row_labels) + 1.2)
+    figure, axes = plt.subplots(rows, columns, figsize=(width * columns, height * rows),
+                                squeeze=False)
+    for head in range(rows * columns):
+        axis = axes[head // columns][head % columns]
+        if head >= heads:
+            axis.axis("off")
+            continue
+        panel = weights[head].float()
+        peak = max(float(panel.max()), 1e-9)
+        axis.imshow(panel.numpy(), cmap="viridis", vmin=0.0, vmax=peak, aspect="auto")
+        axis.set_title(f"head {head + 1} (max {peak:.2f})", fontsize=9)
+        axis.set_xticks(range(len(column_labels)))
+        axis.set_xticklabels(column_labels, rotation=90, fontsize=7)
+        axis.set_yticks(range(len(row_labels)))
+        axis.set_yticklabels(row_labels, fontsize=7)
+    figure.suptitle(title)
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi)
+    plt.close(figure)
+    return buffer.getvalue()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    for noisy in ("matplotlib", "fairseq", "user_plugin"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    translator = load(args)
+    codec, task = translator.codec, translator.task
+    src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+
+    source_line = args.source.strip() if args.tokenized else codec.encode(args.source)
+    if args.target is not None:
+        target_line = args.target.strip() if args.tokenized else codec.encode(args.target, True)
+    else:
+        target_line = translator.translate_tokens([source_line])[0][0]["tokens"]
+        print(f"decoded target: {target_line}")
+    src_tokens = src_dict.encode_line(source_line, add_if_not_exist=False).long()
+    tgt_tokens = tgt_dict.encode_line(target_line, add_if_not_exist=False).long()
+
+    model = translator.models[0]
+    maps = attention_maps(model, src_tokens, tgt_tokens, tgt_dict.eos())
+    source_labels = [src_dict[i] for i in src_tokens.tolist()]
+    target_labels = [tgt_dict[i] for i in tgt_tokens.tolist()]
+    decoder_inputs = ["<s>"] + target_labels[:-1]
+    axes = {
+        "encoder_self": (source_labels, source_labels),
+        "decoder_self": (target_labels, decoder_inputs),
+        "encoder_decoder": (target_labels, source_labels),
+    }
+    written = []
+    for kind in KINDS:
+        row_labels, column_labels = axes[kind]
+        for layer, weights in enumerate(maps[kind], start=1):
+            png = draw_heads(weights, row_labels, column_labels,
+                             f"{kind.replace('_', '-')} attention, layer {layer}", args.dpi)
+            path = args.out_dir / f"{kind}_layer{layer}.png"
+
+            def write(temp: str, data: bytes = png) -> None:
+                Path(temp).write_bytes(data)
+
+            atomic_write(path, write)
+            written.append(path)
+    print(f"wrote {len(written)} PNG files to {args.out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main, None, "plot_attention.py"))

@@ -1,0 +1,487 @@
+#!/usr/bin/env python3
+"""Text preparation helpers that the WMT14 recipes call (paper §5.1, "Training Data and Batching").
+
+The paper trains on WMT14 EN-DE (about 4.5M sentence pairs, byte-pair encoded) and WMT14 EN-FR
+(36M pairs, 32k word pieces). Before the subword step the raw text goes through the usual Moses
+pipeline; this script provides each stage as a subcommand, streaming and line-aligned:
+
+* ``normalize``: Moses punctuation normalisation and (unless ``--no-tokenize``) Moses
+  tokenisation with sacremoses (aggressive hyphen splitting, no XML escaping);
+* ``clean``: drop training pairs with an empty or over-long side or a too-skewed length ratio
+  (the ``clean-corpus-n`` rule: 1..250 tokens, ratio 1.5);
+* ``check-lines``: all files have the same (optionally an expected) number of lines;
+* ``sgm-to-text``: the segments of a WMT ``.sgm`` file, one per line;
+* ``spm-train`` / ``spm-encode``: a SentencePiece model and its pieces (the EN-FR word pieces);
+* ``extract-hypotheses``: fairseq-generate's ``H-`` lines in the original sentence order;
+* ``detokenize``: Moses detokenisation of the hypotheses before scoring.
+
+Every output is written to a temporary file next to it and moved into place, so an interrupted
+run never leaves a truncated file behind. Bad input gives one line on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import islice
+from multiprocessing import Pool
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _cli import UserError, atomic_write, first_line, run_main
+
+CHUNK_LINES = 2000
+SEG_PATTERN = re.compile(r"<seg[^>]*>(.*)</seg>")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading and writing line-aligned text
+
+
+def open_text(path: Path):
+    """Open a UTF-8 text file for reading; only ``\\n`` ends a line (a stray CR stays inside)."""
+    try:
+        return open(path, encoding="utf-8", newline="\n")
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory, expected a text file") from None
+    except OSError as error:
+        raise UserError(f"{path}: cannot read ({first_line(error)})") from None
+
+
+def iter_lines(path: Path) -> Iterator[str]:
+    """The lines of ``path`` without their ``\\n``; a decoding error names the file."""
+    with open_text(path) as handle:
+        try:
+            for line in handle:
+                yield line.removesuffix("\n")
+        except UnicodeDecodeError:
+            raise UserError(f"{path}: not valid UTF-8 text") from None
+
+
+def write_lines(path: Path, lines: Iterable[str]) -> int:
+    """Write ``lines`` (one per line, atomically) to ``path``; return how many were written."""
+    count = 0
+
+    def write(temp: str) -> None:
+        nonlocal count
+        with open(temp, "w", encoding="utf-8", newline="\n") as handle:
+            for line in lines:
+                handle.write(line + "\n")
+                count += 1
+
+    atomic_write(Path(path), write)
+    return count
+
+
+def count_lines(path: Path) -> int:
+    """Number of lines of a file (a last line without ``\\n`` counts too)."""
+    try:
+        with open(path, "rb") as handle:
+            count, last = 0, b""
+            while True:
+                block = handle.read(1 << 20)
+                if not block:
+                    break
+                count += block.count(b"\n")
+                last = block[-1:]
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory, expected a text file") from None
+    return count + (1 if last not in (b"", b"\n") else 0)
+
+
+def single_line(text: str) -> str:
+    """``text`` with every run of whitespace (any Unicode space, CR, tab...) made one space."""
+    return " ".join(text.split())
+
+
+def chunks(lines: Iterable[str], size: int = CHUNK_LINES) -> Iterator[list[str]]:
+    """Consecutive lists of at most ``size`` lines."""
+    iterator = iter(lines)
+    while True:
+        block = list(islice(iterator, size))
+        if not block:
+            return
+        yield block
+
+
+def map_in_windows(pool, function: Callable[[list[str]], list[str]], lines: Iterable[str],
+                   workers: int) -> Iterator[str]:
+    """``function`` over chunks of ``lines`` in the pool's processes, in order, reading only a
+    few chunks per worker ahead (a WMT corpus never has to fit in memory)."""
+    window = []
+    for block in chunks(lines):
+        window.append(block)
+        if len(window) == 4 * workers:
+            for result in pool.map(function, window):
+                yield from result
+            window = []
+    for result in pool.map(function, window):
+        yield from result
+
+
+# ---------------------------------------------------------------------------------------------
+# Normalisation and tokenisation (sacremoses)
+
+_WORKER_STATE: dict[str, object] = {}
+
+
+def _init_worker(lang: str, tokenize: bool) -> None:
+    from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+    _WORKER_STATE["normalizer"] = MosesPunctNormalizer(lang=lang, post_remove_control_chars=True)
+    _WORKER_STATE["tokenizer"] = MosesTokenizer(lang=lang) if tokenize else None
+
+
+def _process_chunk(block: list[str]) -> list[str]:
+    normalizer = _WORKER_STATE["normalizer"]
+    tokenizer = _WORKER_STATE["tokenizer"]
+    out = []
+    for line in block:
+        text = normalizer.normalize(single_line(line))
+        if tokenizer is not None:
+            text = tokenizer.tokenize(text, aggressive_dash_splits=True, escape=False,
+                                      return_str=True)
+        out.append(single_line(text))
+    return out
+
+
+def normalize_lines(lines: Iterable[str], lang: str, tokenize: bool = True,
+                    workers: int = 1) -> Iterator[str]:
+    """Moses-normalise punctuation and (optionally) tokenise ``lines``, keeping their order.
+
+    One output line per input line, always (an empty line stays empty), so the two sides of a
+    parallel corpus stay aligned. ``workers > 1`` tokenises chunks in parallel processes.
+    """
+    if workers <= 1:
+        _init_worker(lang, tokenize)
+        for block in chunks(lines):
+            yield from _process_chunk(block)
+        return
+    with Pool(workers, initializer=_init_worker, initargs=(lang, tokenize)) as pool:
+        yield from map_in_windows(pool, _process_chunk, lines, workers)
+
+
+def detokenize_lines(lines: Iterable[str], lang: str) -> Iterator[str]:
+    """Undo Moses tokenisation (joins ``@-@`` hyphens, re-attaches punctuation)."""
+    from sacremoses import MosesDetokenizer
+
+    detokenizer = MosesDetokenizer(lang=lang)
+    for line in lines:
+        yield single_line(detokenizer.detokenize(line.split(), return_str=True))
+
+
+# ---------------------------------------------------------------------------------------------
+# Cleaning by length and ratio
+
+
+def keep_pair(src: str, tgt: str, min_len: int, max_len: int, ratio: float) -> bool:
+    """The ``clean-corpus-n`` rule: both sides have ``min_len..max_len`` tokens and neither is
+    more than ``ratio`` times longer than the other (tokens are whitespace-separated)."""
+    n_src, n_tgt = len(src.split()), len(tgt.split())
+    if not (min_len <= n_src <= max_len and min_len <= n_tgt <= max_len):
+        return False
+    return n_src <= ratio * n_tgt and n_tgt <= ratio * n_src
+
+
+def clean_pairs(pairs: Iterable[tuple[str, str]], min_len: int, max_len: int,
+                ratio: float) -> Iterator[tuple[str, str]]:
+    """The pairs that :func:`keep_pair` keeps, in order."""
+    for src, tgt in pairs:
+        if keep_pair(src, tgt, min_len, max_len, ratio):
+            yield src, tgt
+
+
+def zip_aligned(src_path: Path, tgt_path: Path) -> Iterator[tuple[str, str]]:
+    """Line pairs of two files; an error (naming both) when one ends before the other."""
+    src_lines, tgt_lines = iter_lines(src_path), iter_lines(tgt_path)
+    sentinel = object()
+    index = 0
+    while True:
+        src, tgt = next(src_lines, sentinel), next(tgt_lines, sentinel)
+        if src is sentinel and tgt is sentinel:
+            return
+        if src is sentinel or tgt is sentinel:
+            short = src_path if src is sentinel else tgt_path
+            raise UserError(f"{src_path} and {tgt_path} are not aligned: "
+                            f"{short} ends after {index} lines")
+        index += 1
+        yield src, tgt  # type: ignore[misc]
+
+
+# ---------------------------------------------------------------------------------------------
+# WMT test sets and fairseq-generate output
+
+
+def sgm_segments(lines: Iterable[str]) -> Iterator[str]:
+    """The text of every ``<seg ...>TEXT</seg>`` line, trimmed, whitespace runs made one space."""
+    for line in lines:
+        if line.lstrip().startswith("<seg"):
+            match = SEG_PATTERN.search(line)
+            if match is None:
+                raise UserError(f"unterminated <seg> element: {line[:60]!r}")
+            yield single_line(match.group(1))
+
+
+def parse_hypotheses(lines: Iterable[str], expected: int) -> list[str]:
+    """The best hypothesis of each sentence from fairseq-generate's ``H-<id>\\t<score>\\t<text>``
+    lines, in the order of the ids ``0..expected-1``; an error when any id is missing."""
+    by_id: dict[int, str] = {}
+    for line in lines:
+        if not line.startswith("H-"):
+            continue
+        fields = line.split("\t")
+        try:
+            sentence_id = int(fields[0][2:])
+            float(fields[1])
+        except (ValueError, IndexError):
+            raise UserError(f"malformed hypothesis line: {line[:60]!r}") from None
+        by_id.setdefault(sentence_id, fields[2] if len(fields) > 2 else "")
+    missing = [i for i in range(expected) if i not in by_id]
+    extra = sorted(i for i in by_id if not 0 <= i < expected)
+    if missing or extra:
+        detail = f"{len(missing)} of {expected} sentences have no hypothesis"
+        if missing:
+            detail += f" (first missing id {missing[0]})"
+        if extra:
+            detail += f", {len(extra)} ids out of range"
+        raise UserError(detail)
+    return [by_id[i] for i in range(expected)]
+
+
+# ---------------------------------------------------------------------------------------------
+# SentencePiece (the EN-FR word pieces)
+
+
+def spm_train(inputs: Sequence[Path], model_prefix: Path, vocab_size: int, model_type: str,
+              character_coverage: float, input_sentence_size: int) -> None:
+    """Train a SentencePiece model on ``inputs``; write ``<prefix>.model`` and ``.vocab``
+    (each moved into place only once both exist)."""
+    import sentencepiece as spm
+
+    for path in inputs:
+        if count_lines(path) == 0:
+            raise UserError(f"{path}: empty, cannot train SentencePiece on it")
+    model_prefix = Path(model_prefix)
+    temp_prefix = model_prefix.with_name(f".{model_prefix.name}.{os.getpid()}.tmp")
+    try:
+        spm.SentencePieceTrainer.train(
+            input=",".join(str(p) for p in inputs),
+            model_prefix=str(temp_prefix),
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=character_coverage,
+            input_sentence_size=input_sentence_size,
+            shuffle_input_sentence=True,
+            hard_vocab_limit=False,
+            minloglevel=2,
+        )
+    except (RuntimeError, OSError) as error:
+        raise UserError(f"SentencePiece training failed: {first_line(error)}") from None
+    for suffix in (".model", ".vocab"):
+        os.replace(f"{temp_prefix}{suffix}", f"{model_prefix}{suffix}")
+
+
+def _init_spm_worker(model: str) -> None:
+    import sentencepiece as spm
+
+    _WORKER_STATE["spm"] = spm.SentencePieceProcessor(model_file=model)
+
+
+def _encode_chunk(block: list[str]) -> list[str]:
+    processor = _WORKER_STATE["spm"]
+    return [" ".join(pieces) for pieces in processor.encode(block, out_type=str)]
+
+
+def spm_encode_lines(lines: Iterable[str], model: Path, workers: int = 1) -> Iterator[str]:
+    """The SentencePiece pieces of each line, space-separated, in order."""
+    if not Path(model).is_file():
+        raise UserError(f"{model}: no such SentencePiece model")
+    if workers <= 1:
+        _init_spm_worker(str(model))
+        for block in chunks(lines):
+            yield from _encode_chunk(block)
+        return
+    with Pool(workers, initializer=_init_spm_worker, initargs=(str(model),)) as pool:
+        yield from map_in_windows(pool, _encode_chunk, lines, workers)
+
+
+# ---------------------------------------------------------------------------------------------
+# Subcommands
+
+
+def cmd_normalize(args: argparse.Namespace) -> int:
+    written = write_lines(args.output, normalize_lines(iter_lines(args.input), args.lang,
+                                                       not args.no_tokenize, args.workers))
+    action = "normalised" if args.no_tokenize else "normalised and tokenised"
+    print(f"{action} {written} lines: {args.input} -> {args.output}", file=sys.stderr)
+    return 0
+
+
+def cmd_detokenize(args: argparse.Namespace) -> int:
+    written = write_lines(args.output, detokenize_lines(iter_lines(args.input), args.lang))
+    print(f"detokenised {written} lines: {args.input} -> {args.output}", file=sys.stderr)
+    return 0
+
+
+def cmd_clean(args: argparse.Namespace) -> int:
+    if args.min_len < 0 or args.max_len < args.min_len or args.ratio < 1:
+        raise UserError("need 0 <= --min-len <= --max-len and --ratio >= 1")
+    counts = {"total": 0, "kept": 0}
+
+    def write_both(src_temp: str) -> None:
+        def write_tgt(tgt_temp: str) -> None:
+            with open(src_temp, "w", encoding="utf-8", newline="\n") as src_handle, \
+                    open(tgt_temp, "w", encoding="utf-8", newline="\n") as tgt_handle:
+                for src, tgt in zip_aligned(args.src_in, args.tgt_in):
+                    counts["total"] += 1
+                    if keep_pair(src, tgt, args.min_len, args.max_len, args.ratio):
+                        counts["kept"] += 1
+                        src_handle.write(src + "\n")
+                        tgt_handle.write(tgt + "\n")
+
+        atomic_write(args.tgt_out, write_tgt)
+
+    atomic_write(args.src_out, write_both)
+    n_kept, total = counts["kept"], counts["total"]
+    print(f"kept {n_kept} of {total} pairs ({args.min_len}..{args.max_len} tokens, "
+          f"ratio <= {args.ratio}): {args.src_out}, {args.tgt_out}", file=sys.stderr)
+    return 0
+
+
+def cmd_check_lines(args: argparse.Namespace) -> int:
+    counts = {str(path): count_lines(path) for path in args.files}
+    values = set(counts.values())
+    if len(values) != 1:
+        listing = ", ".join(f"{path}: {n}" for path, n in counts.items())
+        raise UserError(f"line counts differ ({listing})")
+    (count,) = values
+    if count == 0 and not args.allow_empty:
+        raise UserError(f"{', '.join(counts)}: no lines")
+    if args.expected is not None and count != args.expected:
+        raise UserError(f"{', '.join(counts)}: {count} lines, expected {args.expected}")
+    print(count)
+    return 0
+
+
+def cmd_sgm_to_text(args: argparse.Namespace) -> int:
+    written = write_lines(args.output, sgm_segments(iter_lines(args.input)))
+    if written == 0:
+        raise UserError(f"{args.input}: no <seg> elements found")
+    print(f"extracted {written} segments: {args.input} -> {args.output}", file=sys.stderr)
+    return 0
+
+
+def cmd_extract_hypotheses(args: argparse.Namespace) -> int:
+    try:
+        hypotheses = parse_hypotheses(iter_lines(args.generate_output), args.expected)
+    except UserError as error:
+        raise UserError(f"{args.generate_output}: {error}") from None
+    write_lines(args.output, hypotheses)
+    print(f"extracted {len(hypotheses)} hypotheses in source order -> {args.output}",
+          file=sys.stderr)
+    return 0
+
+
+def cmd_spm_train(args: argparse.Namespace) -> int:
+    spm_train(args.inputs, args.model_prefix, args.vocab_size, args.model_type,
+              args.character_coverage, args.input_sentence_size)
+    print(f"trained SentencePiece ({args.model_type}, {args.vocab_size} pieces) -> "
+          f"{args.model_prefix}.model", file=sys.stderr)
+    return 0
+
+
+def cmd_spm_encode(args: argparse.Namespace) -> int:
+    written = write_lines(args.output,
+                          spm_encode_lines(iter_lines(args.input), args.model, args.workers))
+    print(f"encoded {written} lines: {args.input} -> {args.output}", file=sys.stderr)
+    return 0
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="prepare_text.py", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    workers_help = "parallel processes (default: 1)"
+
+    p = sub.add_parser("normalize", help="Moses punctuation normalisation + tokenisation")
+    p.add_argument("--lang", required=True)
+    p.add_argument("--no-tokenize", action="store_true", help="normalise punctuation only")
+    p.add_argument("--workers", type=positive_int, default=1, help=workers_help)
+    p.add_argument("input", type=Path)
+    p.add_argument("output", type=Path)
+    p.set_defaults(func=cmd_normalize)
+
+    p = sub.add_parser("detokenize", help="Moses detokenisation")
+    p.add_argument("--lang", required=True)
+    p.add_argument("input", type=Path)
+    p.add_argument("output", type=Path)
+    p.set_defaults(func=cmd_detokenize)
+
+    p = sub.add_parser("clean", help="drop pairs by length and length ratio")
+    p.add_argument("--src-in", type=Path, required=True)
+    p.add_argument("--tgt-in", type=Path, required=True)
+    p.add_argument("--src-out", type=Path, required=True)
+    p.add_argument("--tgt-out", type=Path, required=True)
+    p.add_argument("--min-len", type=int, default=1)
+    p.add_argument("--max-len", type=int, default=250)
+    p.add_argument("--ratio", type=float, default=1.5)
+    p.set_defaults(func=cmd_clean)
+
+    p = sub.add_parser("check-lines", help="files have equal (and expected) line counts")
+    p.add_argument("--expected", type=int, default=None)
+    p.add_argument("--allow-empty", action="store_true")
+    p.add_argument("files", type=Path, nargs="+")
+    p.set_defaults(func=cmd_check_lines)
+
+    p = sub.add_parser("sgm-to-text", help="segments of a WMT .sgm file")
+    p.add_argument("input", type=Path)
+    p.add_argument("output", type=Path)
+    p.set_defaults(func=cmd_sgm_to_text)
+
+    p = sub.add_parser("extract-hypotheses", help="fairseq-generate H- lines in source order")
+    p.add_argument("--expected", type=int, required=True, help="number of test sentences")
+    p.add_argument("generate_output", type=Path)
+    p.add_argument("output", type=Path)
+    p.set_defaults(func=cmd_extract_hypotheses)
+
+    p = sub.add_parser("spm-train", help="train a SentencePiece model")
+    p.add_argument("--model-prefix", type=Path, required=True)
+    p.add_argument("--vocab-size", type=positive_int, default=32000)
+    p.add_argument("--model-type", default="unigram", choices=["unigram", "bpe", "char", "word"])
+    p.add_argument("--character-coverage", type=float, default=1.0)
+    p.add_argument("--input-sentence-size", type=int, default=10_000_000,
+                   help="sentences sampled for training (0: all)")
+    p.add_argument("inputs", type=Path, nargs="+")
+    p.set_defaults(func=cmd_spm_train)
+
+    p = sub.add_parser("spm-encode", help="SentencePiece pieces, space-separated")
+    p.add_argument("--model", type=Path, required=True)
+    p.add_argument("--workers", type=positive_int, default=1, help=workers_help)
+    p.add_argument("input", type=Path)
+    p.add_argument("output", type=Path)
+    p.set_defaults(func=cmd_spm_encode)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    command: Callable[[argparse.Namespace], int] = args.func
+    return command(args)
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main, None, "prepare_text.py"))

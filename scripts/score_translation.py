@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""Score detokenized translations two ways: the paper's tokenized BLEU, and sacreBLEU.
+
+The EN-DE numbers of the paper (Table 2, §6.1) come from tensor2tensor, whose
+``get_ende_bleu.sh`` Moses-tokenizes the output, splits hyphenated compounds
+(``rich-text`` -> ``rich ##AT##-##AT## text``, for comparison with GNMT and ConvS2S) and runs
+Moses' ``multi-bleu.perl`` against a reference prepared the same way. This script does these
+steps in Python for both sides:
+
+1. Moses tokenization of hypotheses and references in the target language (sacremoses, the
+   defaults of ``tokenizer.perl -l LANG``: no aggressive hyphen splitting, XML escaping);
+2. compound splitting ``(\\S)-(\\S)`` -> ``\\1 ##AT##-##AT## \\2`` (``--no-compound-split`` turns
+   it off; the paper's EN-FR numbers do not use it);
+3. corpus BLEU of the whitespace-separated tokens as ``multi-bleu.perl`` computes it: clipped
+   n-gram precisions for n = 1..4 summed over the corpus, geometric mean, brevity penalty
+   ``exp(1 - ref_len / hyp_len)`` when the output is shorter, 0 when a precision is 0.
+
+It also reports sacreBLEU on the detokenized text, with its signature, the number to compare
+across papers (typically 0.5-1.5 lower than the tokenized one).
+
+    python scripts/score_translation.py --hyp hyp.detok.de --ref newstest2014.de \\
+        --target-lang de [--no-compound-split] [--output-json bleu.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# ``import _cli`` when this file is imported as a module.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _cli import UserError, atomic_write_text, read_lines, run_main
+
+#: ``perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'`` on bytes: ASCII whitespace only.
+COMPOUND_HYPHEN = re.compile(r"(\S)-(\S)", re.ASCII)
+#: ``multi-bleu.perl`` splits lines into tokens at (ASCII) whitespace.
+WHITESPACE = re.compile(r"\s+", re.ASCII)
+MAX_ORDER = 4
+
+
+def split_compounds(line: str) -> str:
+    """Put hyphenated compounds in ##AT## form, like tensor2tensor's ``get_ende_bleu.sh``.
+
+    Matches do not overlap, as in Perl: ``a-b-c`` becomes ``a ##AT##-##AT## b-c``.
+    """
+    return COMPOUND_HYPHEN.sub(r"\1 ##AT##-##AT## \2", line)
+
+
+def moses_tokenize(lines: Sequence[str], lang: str) -> list[str]:
+    """Tokenize detokenized lines as Moses' ``tokenizer.perl -l lang`` does by default."""
+    from sacremoses import MosesTokenizer
+
+    tokenizer = MosesTokenizer(lang=lang)
+    return [tokenizer.tokenize(line, return_str=True, escape=True) for line in lines]
+
+
+def tokens(line: str) -> list[str]:
+    """The whitespace-separated tokens of a line."""
+    return [token for token in WHITESPACE.split(line) if token]
+
+
+@dataclass
+class BleuResult:
+    """Corpus BLEU as ``multi-bleu.perl`` reports it (score and precisions in percent)."""
+
+    score: float
+    precisions: list[float]
+    brevity_penalty: float
+    ratio: float
+    hyp_len: int
+    ref_len: int
+
+    def __str__(self) -> str:
+        precisions = "/".join(f"{p:.1f}" for p in self.precisions)
+        return (f"BLEU = {self.score:.2f}, {precisions} (BP={self.brevity_penalty:.3f}, "
+                f"ratio={self.ratio:.3f}, hyp_len={self.hyp_len}, ref_len={self.ref_len})")
+
+
+def ngram_counts(words: Sequence[str], order: int) -> Counter:
+    """How often each n-gram of length ``order`` occurs in ``words``."""
+    return Counter(tuple(words[i:i + order]) for i in range(len(words) - order + 1))
+
+
+def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> BleuResult:
+    """Corpus BLEU of tokenized lines (one reference each), as ``multi-bleu.perl`` computes it."""
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    matches = [0] * MAX_ORDER
+    totals = [0] * MAX_ORDER
+    hyp_len = ref_len = 0
+    for hypothesis, reference in zip(hypotheses, references):
+        hyp_words, ref_words = tokens(hypothesis), tokens(reference)
+        hyp_len += len(hyp_words)
+        ref_len += len(ref_words)
+        for n in range(1, MAX_ORDER + 1):
+            hyp_ngrams, ref_ngrams = ngram_counts(hyp_words, n), ngram_counts(ref_words, n)
+            totals[n - 1] += sum(hyp_ngrams.values())
+            matches[n - 1] += sum(min(count, ref_ngrams[g]) for g, count in hyp_ngrams.items())
+    if ref_len == 0:
+        raise UserError("the references have no tokens")
+    precisions = [m / t if t else 0.0 for m, t in zip(matches, totals)]
+    if hyp_len == 0:
+        brevity_penalty = 0.0
+    elif hyp_len < ref_len:
+        brevity_penalty = math.exp(1 - ref_len / hyp_len)
+    else:
+        brevity_penalty = 1.0
+    if min(precisions) > 0:
+        score = brevity_penalty * math.exp(sum(math.log(p) for p in precisions) / MAX_ORDER)
+    else:
+        score = 0.0
+    return BleuResult(100 * score, [100 * p for p in precisions], brevity_penalty,
+                      hyp_len / ref_len, hyp_len, ref_len)
+
+
+def tokenized_bleu(hypotheses: Sequence[str], references: Sequence[str], lang: str,
+                   compound_split: bool = True) -> BleuResult:
+    """The paper's BLEU: Moses tokenization, optional compound splitting, ``multi-bleu``."""
+    prepared = []
+    for lines in (hypotheses, references):
+        tokenized = moses_tokenize(lines, lang)
+        prepared.append([split_compounds(line) for line in tokenized] if compound_split
+                        else tokenized)
+    return corpus_bleu(prepared[0], prepared[1])
+
+
+def sacrebleu_score(hypotheses: Sequence[str], references: Sequence[str],
+                    lang: str) -> tuple[BleuResult, str]:
+    """sacreBLEU on detokenized text (its default tokenizer for ``lang``) and its signature."""
+    from sacrebleu.metrics import BLEU
+
+    metric = BLEU(trg_lang=lang)
+    result = metric.corpus_score(list(hypotheses), [list(references)])
+    bleu = BleuResult(result.score, list(result.precisions), result.bp,
+                      result.sys_len / result.ref_len if result.ref_len else 0.0,
+                      result.sys_len, result.ref_len)
+    return bleu, str(metric.get_signature())
+
+
+def read_pair(hyp: Path, ref: Path) -> tuple[list[str], list[str]]:
+    """Hypothesis and reference lines, refusing files whose line counts differ."""
+    hypotheses, references = read_lines(hyp), read_lines(ref)
+    if len(hypotheses) != len(references):
+        raise UserError(f"line counts differ: {hyp} has {len(hypotheses)} lines, {ref} has "
+                        f"{len(references)}")
+    if not references:
+        raise UserError(f"{ref}: no lines to score")
+    return hypotheses, references
+
+
+def score_files(hyp: Path, ref: Path, lang: str,
+                compound_split: bool = True) -> tuple[BleuResult, BleuResult, dict]:
+    """Tokenized BLEU and sacreBLEU of a hypothesis file, and both as a JSON-ready dict."""
+    hypotheses, references = read_pair(hyp, ref)
+    tokenized = tokenized_bleu(hypotheses, references, lang, compound_split)
+    sacre, signature = sacrebleu_score(hypotheses, references, lang)
+    report = {
+        "hyp": str(hyp),
+        "ref": str(ref),
+        "target_lang": lang,
+        "num_sentences": len(references),
+        "tokenized_bleu": {**asdict(tokenized), "compound_split": compound_split,
+                           "tokenizer": f"moses -l {lang}"},
+        "sacrebleu": {**asdict(sacre), "signature": signature},
+    }
+    return tokenized, sacre, report
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Tokenized BLEU with compound splitting (the paper's EN-DE numbers) and "
+                    "sacreBLEU, for detokenized hypotheses and references.")
+    parser.add_argument("--hyp", required=True, type=Path, help="detokenized hypotheses")
+    parser.add_argument("--ref", required=True, type=Path, help="detokenized references")
+    parser.add_argument("--target-lang", required=True, metavar="LANG",
+                        help="language of both files (Moses tokenizer, sacreBLEU), e.g. de")
+    parser.add_argument("--no-compound-split", action="store_true",
+                        help="do not split hyphenated compounds (the paper's EN-FR scoring)")
+    parser.add_argument("--output-json", type=Path, metavar="FILE",
+                        help="also save both scores to FILE (written atomically)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    compound_split = not args.no_compound_split
+    tokenized, sacre, report = score_files(args.hyp, args.ref, args.target_lang, compound_split)
+    how = "with" if compound_split else "without"
+    print(f"scored {report['num_sentences']} sentences of {args.hyp} against {args.ref}")
+    print(f"tokenized BLEU (Moses -l {args.target_lang}, {how} compound splitting, multi-bleu): "
+          f"{tokenized}")
+    print(f"sacreBLEU: {sacre} {report['sacrebleu']['signature']}")
+    if args.output_json is not None:
+        atomic_write_text(args.output_json, json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.output_json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main, None, Path(sys.argv[0]).name))

@@ -1,0 +1,78 @@
+"""Run fairseq's command-line tools (the real entry points) from tests, and read their logs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+USER_DIR = str(REPO / "user_plugin")
+
+TINY_MODEL_ARGS = [
+    "--arch", "vaswani_base",
+    "--encoder-layers", "2", "--decoder-layers", "2",
+    "--encoder-embed-dim", "64", "--decoder-embed-dim", "64",
+    "--encoder-ffn-embed-dim", "128", "--decoder-ffn-embed-dim", "128",
+    "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
+    "--share-all-embeddings", "--dropout", "0.1",
+]
+PAPER_OPTIMIZATION_ARGS = [
+    "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--adam-eps", "1e-9",
+    "--lr", "1", "--lr-scheduler", "vaswani_inverse_sqrt",
+    "--criterion", "vaswani_label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+]
+
+
+def fairseq_env() -> Dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_fairseq(tool: str, args: Sequence[str], cwd: Path | None = None,
+                timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run ``fairseq-<tool>`` (as ``python -m fairseq_cli.<tool>``); raise with its output on failure."""
+    cmd = [sys.executable, "-m", f"fairseq_cli.{tool}", *map(str, args)]
+    proc = subprocess.run(cmd, cwd=cwd, env=fairseq_env(), capture_output=True, text=True,
+                          timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"fairseq-{tool} failed ({proc.returncode}):\n{' '.join(cmd)}\n"
+            f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
+        )
+    return proc
+
+
+def json_log_records(text: str, tag: str) -> List[dict]:
+    """Records of fairseq's ``--log-format json`` lines whose tag is ``tag`` ("train_inner"...)."""
+    records = []
+    for line in text.splitlines():
+        start = line.find("{")
+        if start < 0 or f"| {tag} | " not in line[:start]:
+            continue
+        try:
+            records.append(json.loads(line[start:]))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def hypotheses(generate_output: str) -> Dict[int, dict]:
+    """Parse fairseq-generate's S/H/P lines: id -> {"score", "tokens", "positional"}."""
+    out: Dict[int, dict] = {}
+    for line in generate_output.splitlines():
+        if line.startswith("H-"):
+            head, score, text = line.split("\t", 2)
+            out[int(head[2:])] = {"score": float(score), "tokens": text.split()}
+        elif line.startswith("P-"):
+            head, scores = line.split("\t", 1)
+            out[int(head[2:])]["positional"] = [float(s) for s in scores.split()]
+        elif line.startswith("S-"):
+            head, text = line.split("\t", 1)
+            out.setdefault(int(head[2:]), {})["source"] = text.split()
+    return out

@@ -1,0 +1,399 @@
+"""The WMT14 shell recipes (paper §5.1, §6.1) and their Python text helpers.
+
+* ``scripts/prepare_text.py``: cleaning rule, hypothesis order, SGM extraction, tokenisation
+  round trip, one-line errors (no data needed);
+* the step markers of ``recipes/common.sh``: skip when done, redo when an output or an upstream
+  step changed;
+* the EN-DE chain (BPE) end to end through an offline mirror of ``../shared/data`` with a tiny
+  model and all 3003 newstest2014 sentences, the EN-FR chain (SentencePiece) on the small EN-FR
+  sample, and resuming: a finished step is skipped, a partly deleted one is redone.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, SHARED_DATA, require_data
+
+RECIPES = REPO / "recipes"
+SCRIPTS = REPO / "scripts"
+STEPS = ["prepare", "binarize", "train", "average", "generate", "score"]
+# Settings the recipes read; a value in the caller's environment must not leak into a test.
+RECIPE_VARIABLES = {
+    "WORK_DIR", "RAW_DIR", "DOWNLOAD_DIR", "TRAIN_LINES", "MIN_LEN", "MAX_LEN", "LEN_RATIO",
+    "BPE_OPS", "SPM_VOCAB", "SPM_MODEL_TYPE", "SPM_SAMPLE", "WORKERS", "MODEL", "ARCH",
+    "MAX_UPDATE", "WARMUP_UPDATES", "LABEL_SMOOTHING", "MAX_TOKENS", "TOKENS_PER_STEP",
+    "UPDATE_FREQ", "DEVICE", "NUM_GPUS", "PRECISION", "SAVE_INTERVAL_UPDATES", "AVERAGE_LAST",
+    "SEED", "LOG_INTERVAL", "TRAIN_TASK", "EXTRA_ARGS", "TASK", "BEAM", "LENPEN", "CHECKPOINT",
+    "GEN_MAX_TOKENS", "GEN_ARGS", "AVERAGE_SCRIPT", "SCORE_SCRIPT", "PAIR_CONFIG", "STEP_NAME",
+    "FR_VALID_LINES", "FR_TEST_LINES", "SHARED_DATA", "VENV",
+}
+
+TINY_MODEL_ARGS = (
+    "--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 32 --decoder-embed-dim 32 "
+    "--encoder-ffn-embed-dim 64 --decoder-ffn-embed-dim 64 --encoder-attention-heads 4 "
+    "--decoder-attention-heads 4 --max-valid-steps 2"
+)
+
+
+def load_prepare_text():
+    spec = importlib.util.spec_from_file_location("prepare_text", SCRIPTS / "prepare_text.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["prepare_text"] = module       # worker processes find its functions by name
+    spec.loader.exec_module(module)
+    return module
+
+
+prepare_text = load_prepare_text()
+
+
+def generation_task() -> str:
+    """The paper's generation task when the plugin registers it, else fairseq's own."""
+    from fairseq.tasks import TASK_REGISTRY
+
+    return "vaswani_translation" if "vaswani_translation" in TASK_REGISTRY else "translation"
+
+
+def recipe_env(**overrides: str) -> dict:
+    """The environment for a recipe: this interpreter's bin directory first on PATH."""
+    env = {key: value for key, value in os.environ.items() if key not in RECIPE_VARIABLES}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.update({key: str(value) for key, value in overrides.items()})
+    return env
+
+
+def run_script(script: Path, env: dict, *args: str, check: bool = True,
+               timeout: int = 600) -> subprocess.CompletedProcess:
+    result = subprocess.run(["bash", str(script), *args], env=env, capture_output=True,
+                            text=True, timeout=timeout, check=False)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{script.name} failed ({result.returncode}):\n"
+                             f"{result.stdout[-3000:]}\n{result.stderr[-6000:]}")
+    return result
+
+
+def run_prepare_text(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPTS / "prepare_text.py"), *map(str, args)],
+                          capture_output=True, text=True, check=False)
+
+
+def output_mtimes(step_dir: Path) -> dict:
+    """mtime of every output listed in a step's marker, and of the marker itself."""
+    marker = step_dir / ".done"
+    names = [line.split(" ", 2)[2] for line in marker.read_text().splitlines()
+             if line.startswith("output ")]
+    assert names, f"{marker} lists no outputs"
+    return {name: (step_dir / name).stat().st_mtime_ns for name in [*names, ".done"]}
+
+
+# ---------------------------------------------------------------------------------------------
+# prepare_text.py
+
+
+def test_cleaning_keeps_1_to_250_tokens_and_ratio_1_5():
+    keep = prepare_text.keep_pair
+    assert keep("a b c", "x y z", 1, 250, 1.5)
+    assert keep("a b", "x y z", 1, 250, 1.5)          # 3 / 2 = 1.5 is allowed
+    assert not keep("a b", "x y z w", 1, 250, 1.5)    # 4 / 2 = 2 is not
+    assert not keep("a b c d", "x", 1, 250, 1.5)
+    assert not keep("", "x", 1, 250, 1.5)             # an empty side
+    long = " ".join(["w"] * 251)
+    assert not keep(long, long, 1, 250, 1.5)
+    assert keep(long[:-2], long[:-2], 1, 250, 1.5)    # exactly 250 tokens
+
+
+def test_hypotheses_come_back_in_source_order_and_gaps_are_errors():
+    lines = ["S-1\tsource", "H-1\t-0.5\tzweite", "D-1\t-0.5\tzweite", "P-1\t-0.1 -0.2",
+             "H-2\t-0.7\t", "H-0\t-0.3\terste Zeile"]
+    assert prepare_text.parse_hypotheses(lines, 3) == ["erste Zeile", "zweite", ""]
+    with pytest.raises(prepare_text.UserError, match="1 of 4 sentences have no hypothesis"):
+        prepare_text.parse_hypotheses(lines, 4)
+
+
+def test_sgm_segments_are_trimmed_and_whitespace_collapsed():
+    sgm = ['<srcset setid="newstest2014" srclang="any">', '<doc docid="1" origlang="en">',
+           '<seg id="1"> Hello\u00a0 world </seg>', '<seg id="2">a\tb</seg>', "</doc>"]
+    assert list(prepare_text.sgm_segments(sgm)) == ["Hello world", "a b"]
+
+
+def test_tokenisation_keeps_lines_aligned_and_round_trips():
+    raw = ["Das ist „gut“, oder?", "", "E-Mail-Adresse: 3,5 Mio."]
+    tokens = list(prepare_text.normalize_lines(raw, "de", tokenize=True, workers=1))
+    assert len(tokens) == 3 and tokens[1] == ""
+    assert tokens[0] == 'Das ist " gut " , oder ?'
+    assert "@-@" in tokens[2]                          # aggressive hyphen splitting
+    back = list(prepare_text.detokenize_lines(tokens, "de"))
+    assert back[0] == 'Das ist "gut", oder?'
+    assert back[2] == "E-Mail-Adresse: 3,5 Mio."
+
+
+def test_parallel_tokenisation_keeps_the_order():
+    lines = [f"Satz {i}: „Hallo“, Welt!" if i % 7 else "" for i in range(9000)]
+    serial = list(prepare_text.normalize_lines(lines, "de", tokenize=True, workers=1))
+    parallel = list(prepare_text.normalize_lines(lines, "de", tokenize=True, workers=2))
+    assert parallel == serial and len(serial) == 9000
+    assert serial[1] == 'Satz 1 : " Hallo " , Welt !' and serial[7] == ""
+
+
+def test_count_lines_counts_a_last_line_without_newline(tmp_path):
+    (tmp_path / "a").write_text("x\ny")
+    (tmp_path / "b").write_text("x\ny\n")
+    (tmp_path / "c").write_text("")
+    assert [prepare_text.count_lines(tmp_path / n) for n in "abc"] == [2, 2, 0]
+
+
+def test_cli_errors_are_one_line_and_leave_no_output(tmp_path):
+    (tmp_path / "a.en").write_text("one\ntwo\nthree\n")
+    (tmp_path / "a.de").write_text("eins\nzwei\n")
+    result = run_prepare_text("check-lines", tmp_path / "a.en", tmp_path / "a.de")
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and "line counts differ" in result.stderr
+    assert "Traceback" not in result.stderr
+    result = run_prepare_text("clean", "--src-in", tmp_path / "a.en", "--tgt-in",
+                              tmp_path / "a.de", "--src-out", tmp_path / "o.en",
+                              "--tgt-out", tmp_path / "o.de")
+    assert result.returncode == 1 and "not aligned" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.de", "a.en"]
+
+
+def test_cli_clean_writes_the_kept_pairs_aligned(tmp_path):
+    (tmp_path / "in.en").write_text("a b\na b c d\n\nx y z\n")
+    (tmp_path / "in.de").write_text("a b c\nq\nr\nx y z\n")
+    result = run_prepare_text("clean", "--src-in", tmp_path / "in.en", "--tgt-in",
+                              tmp_path / "in.de", "--src-out", tmp_path / "out.en",
+                              "--tgt-out", tmp_path / "out.de")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out.en").read_text() == "a b\nx y z\n"
+    assert (tmp_path / "out.de").read_text() == "a b c\nx y z\n"
+    assert "kept 2 of 4 pairs" in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Step markers (recipes/common.sh)
+
+MARKER_SCRIPT = r"""
+set -euo pipefail
+source "$COMMON"
+up=$ROOT/up; down=$ROOT/down
+step_restart "$up"; echo data > "$up/a.txt"
+step_mark_done "$up" "cfg-up" -- a.txt
+step_restart "$down"; echo result > "$down/b.txt"
+step_mark_done "$down" "cfg-down" "$up" -- b.txt
+check() { if step_is_done "$down" "$1" "$up" 2>/dev/null; then echo "$2 done"; else echo "$2 redo"; fi; }
+check cfg-down fresh
+check other-cfg settings-changed
+echo changed > "$down/b.txt"; check cfg-down output-changed
+echo result > "$down/b.txt"; check cfg-down output-restored
+rm "$down/b.txt"; check cfg-down output-deleted
+echo result > "$down/b.txt"
+sleep 1; step_mark_done "$up" "cfg-up" -- a.txt; check cfg-down upstream-redone
+"""
+
+
+def test_step_markers_skip_done_steps_and_redo_changed_ones(tmp_path):
+    result = subprocess.run(["bash", "-c", MARKER_SCRIPT], capture_output=True, text=True,
+                            check=False,
+                            env=recipe_env(COMMON=RECIPES / "common.sh", ROOT=tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:-1] == [
+        "fresh done", "settings-changed redo", "output-changed redo", "output-restored done",
+        "output-deleted redo", "upstream-redone redo"]
+
+
+def test_bad_settings_fail_with_one_line_before_any_work(tmp_path):
+    env = recipe_env(WORK_DIR=tmp_path / "w", DEVICE="cpu", PRECISION="fp16")
+    result = run_script(RECIPES / "wmt14_en_de" / "train.sh", env, check=False)
+    assert result.returncode == 1
+    assert "PRECISION=fp16 needs a GPU" in result.stderr and "Traceback" not in result.stderr
+    env = recipe_env(WORK_DIR=tmp_path / "w", RAW_DIR=tmp_path)
+    result = run_script(RECIPES / "wmt14_en_de" / "prepare.sh", env, check=False)
+    assert result.returncode == 1 and "train.en is missing" in result.stderr
+    assert not (tmp_path / "w" / "prepared" / ".done").exists()
+    result = run_script(RECIPES / "make_offline_mirror.sh", recipe_env(), "en-xx", check=False)
+    assert result.returncode == 1 and "usage" in result.stderr
+
+
+def sgm_text(lines: list) -> str:
+    """A WMT-style SGM document with one <seg> per line."""
+    body = "".join(f'<seg id="{i + 1}">{line}</seg>\n' for i, line in enumerate(lines))
+    return f'<srcset setid="x" srclang="any">\n<doc docid="d" origlang="en">\n{body}</doc>\n'
+
+
+def add_member(archive, name: str, text: str) -> None:
+    import io
+    import tarfile
+
+    data = text.encode("utf-8")
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    archive.addfile(info, io.BytesIO(data))
+
+
+def test_prepare_reads_the_wmt14_archives(tmp_path):
+    """The download branch, offline: archives laid out as statmt.org ships them (already in
+    DOWNLOAD_DIR, so nothing is fetched) are unpacked, the SGM sets extracted and checked."""
+    import tarfile
+
+    require_data(SHARED_DATA / "newstest2014-en-de")
+    require_data(SHARED_DATA / "newstest2013-en-de")
+    require_data(SHARED_DATA / "multi30k-en-de")
+    text = {
+        (split, lang): (SHARED_DATA / folder / f"{name}.{lang}").read_text(
+            encoding="utf-8").splitlines()
+        for split, folder, name in [("train", "multi30k-en-de", "train"),
+                                    ("valid", "newstest2013-en-de", "newstest2013"),
+                                    ("test", "newstest2014-en-de", "newstest2014")]
+        for lang in ("en", "de")}
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    corpora = [("training-parallel-europarl-v7.tgz", "training/europarl-v7.de-en"),
+               ("training-parallel-commoncrawl.tgz", "commoncrawl.de-en"),
+               ("training-parallel-nc-v9.tgz", "training/news-commentary-v9.de-en")]
+    for index, (archive_name, member) in enumerate(corpora):
+        with tarfile.open(downloads / archive_name, "w:gz") as archive:
+            for lang in ("en", "de"):
+                part = text["train", lang][100 * index:100 * (index + 1)]
+                add_member(archive, f"{member}.{lang}", "\n".join(part) + "\n")
+    with tarfile.open(downloads / "wmt13-test.tgz", "w:gz") as archive:
+        for lang in ("en", "de"):
+            add_member(archive, f"test/newstest2013-src.{lang}.sgm",
+                       sgm_text(text["valid", lang]))
+    with tarfile.open(downloads / "wmt14-test-full.tgz", "w:gz") as archive:
+        add_member(archive, "test-full/newstest2014-deen-src.en.sgm",
+                   sgm_text(text["test", "en"]))
+        add_member(archive, "test-full/newstest2014-deen-ref.de.sgm",
+                   sgm_text(text["test", "de"]))
+
+    work = tmp_path / "work"
+    env = recipe_env(WORK_DIR=work, DOWNLOAD_DIR=downloads, BPE_OPS=200)
+    result = run_script(RECIPES / "wmt14_en_de" / "prepare.sh", env)
+    assert result.stderr.count("already downloaded") == 5
+    assert "training/news-commentary-v9.de-en.en + training/news-commentary-v9.de-en.de: " \
+           "100 pairs" in result.stderr
+    prepared = work / "prepared"
+    assert (prepared / "test.ref.de").read_text(encoding="utf-8").splitlines() == \
+        [prepare_text.single_line(line) for line in text["test", "de"]]
+    assert prepare_text.count_lines(prepared / "valid.de") == 3000
+    assert prepare_text.count_lines(prepared / "train.en") == \
+        prepare_text.count_lines(prepared / "train.de") <= 300
+
+    (downloads / "wmt14-test-full.tgz").unlink()     # a test set that cannot be read
+    with tarfile.open(downloads / "wmt14-test-full.tgz", "w:gz") as archive:
+        add_member(archive, "test-full/newstest2014-deen-src.en.sgm",
+                   sgm_text(text["test", "en"][:-1]))
+        add_member(archive, "test-full/newstest2014-deen-ref.de.sgm",
+                   sgm_text(text["test", "de"][:-1]))
+    result = run_script(RECIPES / "wmt14_en_de" / "prepare.sh",
+                        {**env, "BPE_OPS": "201"}, check=False)
+    assert result.returncode == 1 and "3002 lines, expected 3003" in result.stderr
+    assert not (prepared / ".done").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# The chains, offline
+
+
+def make_mirror(pair: str, raw_dir: Path) -> None:
+    run_script(RECIPES / "make_offline_mirror.sh",
+               recipe_env(RAW_DIR=raw_dir, SHARED_DATA=SHARED_DATA), pair)
+
+
+@pytest.fixture(scope="module")
+def en_de_chain(tmp_path_factory):
+    """EN-DE (BPE) through the mirror: 2000 Multi30k training pairs, a tiny model, 120 updates,
+    then all 3003 newstest2014 sentences translated and scored."""
+    for name in ("multi30k-en-de", "newstest2013-en-de", "newstest2014-en-de"):
+        require_data(SHARED_DATA / name)
+    root = tmp_path_factory.mktemp("wmt14_en_de")
+    make_mirror("en-de", root / "raw")
+    env = recipe_env(
+        RAW_DIR=root / "raw", WORK_DIR=root / "work", TRAIN_LINES=2000, BPE_OPS=500,
+        DEVICE="cpu", MAX_UPDATE=120, WARMUP_UPDATES=40, MAX_TOKENS=2048,
+        TOKENS_PER_STEP=2048, SAVE_INTERVAL_UPDATES=30, AVERAGE_LAST=3, LOG_INTERVAL=20,
+        EXTRA_ARGS=TINY_MODEL_ARGS, TASK=generation_task(), GEN_MAX_TOKENS=12000)
+    result = run_script(RECIPES / "wmt14_en_de" / "run_all.sh", env, timeout=900)
+    return root / "work", env, result
+
+
+def test_en_de_chain_scores_all_3003_sentences_with_both_bleus(en_de_chain):
+    work, _, result = en_de_chain
+    prepared = work / "prepared"
+    assert (prepared / "bpe.codes").read_text().count("\n") >= 500  # header + 500 merges
+    assert "@@ " in (prepared / "train.en").read_text()
+    for step in ("prepared", "data-bin", "base/checkpoints", "base/average", "base/generate",
+                 "base/score"):
+        assert (work / step / ".done").is_file(), step
+    hyp = (work / "base/generate/hyp.detok.de").read_text(encoding="utf-8")
+    assert hyp.count("\n") == 3003 and "@@" not in hyp
+    scores = json.loads((work / "base/score/bleu.json").read_text())
+    assert scores["num_sentences"] == 3003
+    assert scores["tokenized_bleu"]["compound_split"] is True
+    for key in ("tokenized_bleu", "sacrebleu"):
+        assert 0.0 <= scores[key]["score"] <= 100.0
+    assert scores["sacrebleu"]["signature"].startswith("nrefs:1")
+    printed = (work / "base/score/bleu.txt").read_text()
+    assert "tokenized BLEU" in printed and "sacreBLEU" in printed
+    assert "update-freq = ceil(2048 / (2048 tokens x 1 cpu worker(s))) = 1" in result.stderr
+
+
+def test_en_de_average_loads_as_a_model(en_de_chain):
+    from fairseq import checkpoint_utils
+
+    work, _, _ = en_de_chain
+    models, cfg = checkpoint_utils.load_model_ensemble(
+        [str(work / "base/average/checkpoint_avg.pt")],
+        arg_overrides={"data": str(work / "data-bin")})
+    assert type(models[0]).__name__ == "VaswaniTransformerModel"
+    assert cfg.model.encoder_embed_dim == 32
+    log = (work / "base/average/.done").read_text()
+    assert "upstream " + str(work / "base/checkpoints") in log
+
+
+def test_rerun_skips_finished_steps_and_redoes_a_partly_deleted_one(en_de_chain):
+    work, env, _ = en_de_chain
+    dirs = [work / d for d in ("prepared", "data-bin", "base/checkpoints", "base/average",
+                               "base/generate", "base/score")]
+    before = {d: output_mtimes(d) for d in dirs}
+    result = run_script(RECIPES / "wmt14_en_de" / "run_all.sh", env)
+    assert result.stderr.count("skipping") == len(STEPS)
+    assert {d: output_mtimes(d) for d in dirs} == before
+    assert "BLEU" in result.stdout                     # score.sh prints the saved result
+
+    binarized = work / "data-bin"
+    old_id = (binarized / ".done").read_text().split("\nid ")[1].split("\n")[0]
+    (binarized / "test.en-de.de.bin").unlink()
+    result = run_script(RECIPES / "wmt14_en_de" / "binarize.sh", env)
+    assert "output " + str(binarized / "test.en-de.de.bin") + " is missing" in result.stderr
+    assert (binarized / "test.en-de.de.bin").stat().st_size > 0
+    assert (binarized / ".done").read_text().split("\nid ")[1].split("\n")[0] != old_id
+    assert output_mtimes(work / "prepared") == before[work / "prepared"]
+
+
+def test_en_fr_chain_with_sentencepiece(tmp_path):
+    require_data(SHARED_DATA / "newstest2014-en-fr")
+    make_mirror("en-fr", tmp_path / "raw")
+    assert (tmp_path / "raw" / "train.fr").read_text(encoding="utf-8").count("\n") == 2003
+    work = tmp_path / "work"
+    env = recipe_env(
+        RAW_DIR=tmp_path / "raw", WORK_DIR=work, SPM_VOCAB=1000, DEVICE="cpu",
+        MAX_UPDATE=40, WARMUP_UPDATES=20, MAX_TOKENS=2048, TOKENS_PER_STEP=2048,
+        SAVE_INTERVAL_UPDATES=20, AVERAGE_LAST=2, LOG_INTERVAL=10,
+        EXTRA_ARGS=TINY_MODEL_ARGS, TASK=generation_task())
+    run_script(RECIPES / "wmt14_en_fr" / "run_all.sh", env, timeout=900)
+    prepared = work / "prepared"
+    assert (prepared / "spm.model").stat().st_size > 0
+    assert "\u2581" in (prepared / "train.fr").read_text(encoding="utf-8")
+    hyp = (work / "base/generate/hyp.detok.fr").read_text(encoding="utf-8")
+    assert hyp.count("\n") == 500 and "\u2581" not in hyp
+    scores = json.loads((work / "base/score/bleu.json").read_text())
+    assert scores["num_sentences"] == 500
+    assert scores["tokenized_bleu"]["compound_split"] is False
+    assert "sacrebleu" in scores and "signature" in scores["sacrebleu"]

@@ -1,0 +1,198 @@
+"""Beam search as the paper decodes (§6.1): GNMT length penalty and a per-sentence length limit.
+
+The paper: "beam search with a beam size of 4 and length penalty alpha = 0.6 (Wu et al. 2016)
+[...] We set the maximum output length during inference to input length + 50, but terminate
+early when possible."
+
+* **Length penalty.** GNMT (Wu et al. 2016, eq. 14) ranks a finished hypothesis Y by
+  ``log P(Y|X) / lp(Y)`` with ``lp(Y) = ((5 + |Y|) / 6) ** alpha``. fairseq's ``--lenpen alpha``
+  divides by ``|Y| ** alpha`` instead. ``|Y|`` counts the final EOS in both cases: it is the number
+  of positional scores that ``fairseq-generate`` prints on the ``P-`` line.
+* **Maximum output length.** Each sentence of a batch may produce at most *its own* source
+  length + N tokens (EOS not counted), where the source length counts the source tokens after
+  BPE *without* the source EOS and padding. fairseq's ``--max-len-a 1 --max-len-b 50`` instead
+  uses the padded width of the whole batch, so the limit of a short sentence depends on the
+  longest sentence batched with it.
+* **Early termination.** A sentence stops as soon as ``beam`` hypotheses have ended in EOS
+  (fairseq's rule, kept as it is).
+
+Only ``finalize_hypos`` of fairseq's ``SequenceGenerator`` reads the length penalty, and all the
+hypotheses it finalizes in one call have the same length, so the GNMT form is applied there.
+The per-sentence limit lives in :class:`SourceLengthCappedEnsemble`, which follows the beam
+reordering of the encoder output and forces EOS on rows that reached their limit.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+
+import torch
+from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+LENGTH_PENALTY_FORMS = ("gnmt", "fairseq")
+
+
+def gnmt_length_penalty(length: int, alpha: float) -> float:
+    """``lp(Y) = ((5 + |Y|) / 6) ** alpha`` (Wu et al. 2016), ``length`` = |Y| with EOS."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def fairseq_length_penalty(length: int, alpha: float) -> float:
+    """fairseq's ``--lenpen``: ``|Y| ** alpha``."""
+    return float(length) ** alpha
+
+
+def source_lengths_without_eos(src_tokens: Tensor, pad: int, eos: int) -> Tensor:
+    """Number of real source tokens per row: neither padding nor EOS."""
+    return (src_tokens.ne(pad) & src_tokens.ne(eos)).long().sum(dim=1)
+
+
+class SourceLengthCappedEnsemble(EnsembleModel):
+    """fairseq's model ensemble with a per-sentence maximum output length (paper §6.1).
+
+    ``forward_encoder`` computes each sentence's limit ``source tokens (no EOS) + max_len_over_source``
+    (at least ``min_output_len``); every ``reorder_encoder_out`` applies the same row selection to
+    the limits, so row ``r`` of the decoder input always meets its own sentence's limit; and
+    ``forward_decoder`` leaves only EOS possible (with its model log-probability, so the scores
+    stay true log-probabilities) on rows whose output already holds that many tokens.
+    """
+
+    def __init__(self, models: Sequence[torch.nn.Module], max_len_over_source: int) -> None:
+        super().__init__(list(models))
+        if max_len_over_source < 0:
+            raise ValueError(f"max_len_over_source must be >= 0, got {max_len_over_source}")
+        self.max_len_over_source = max_len_over_source
+        self.min_output_len = 1
+        encoder_dict = getattr(self.single_model.encoder, "dictionary", None)
+        decoder_dict = self.single_model.decoder.dictionary
+        source_dict = encoder_dict if encoder_dict is not None else decoder_dict
+        self.source_pad, self.source_eos = source_dict.pad(), source_dict.eos()
+        self.eos = decoder_dict.eos()
+        self.row_limits: Tensor | None = None
+
+    def output_limits(self, src_tokens: Tensor) -> Tensor:
+        """The maximum number of output tokens (EOS excluded) of each source row."""
+        lengths = source_lengths_without_eos(src_tokens, self.source_pad, self.source_eos)
+        return (lengths + self.max_len_over_source).clamp(min=self.min_output_len)
+
+    def forward_encoder(self, net_input: dict[str, Tensor]):
+        self.row_limits = self.output_limits(net_input["src_tokens"])
+        positions_cap = self.max_decoder_positions() - 2
+        longest = int(self.row_limits.max()) if self.row_limits.numel() else 0
+        if longest > positions_cap:
+            logger.warning(
+                "per-sentence output limit %d exceeds what the decoder positions allow (%d): "
+                "the model's --max-target-positions binds for the longest sentences",
+                longest, positions_cap,
+            )
+        return super().forward_encoder(net_input)
+
+    def reorder_encoder_out(self, encoder_outs, new_order):
+        if self.row_limits is not None:
+            self.row_limits = self.row_limits.index_select(0, new_order.to(self.row_limits.device))
+        return super().reorder_encoder_out(encoder_outs, new_order)
+
+    def forward_decoder(self, tokens, encoder_outs, incremental_states, temperature: float = 1.0):
+        lprobs, attn = super().forward_decoder(tokens, encoder_outs, incremental_states, temperature)
+        if self.row_limits is not None:
+            produced = tokens.size(1) - 1  # column 0 is the BOS (EOS) marker
+            at_limit = self.row_limits.le(produced)
+            if bool(at_limit.any()):
+                eos_lprobs = lprobs[at_limit, self.eos].clone()
+                lprobs[at_limit] = -math.inf
+                lprobs[at_limit, self.eos] = eos_lprobs
+        return lprobs, attn
+
+
+class GNMTSequenceGenerator(SequenceGenerator):
+    """fairseq's beam search with the paper's length penalty and length limit (§6.1).
+
+    Args (besides ``SequenceGenerator``'s; ``len_penalty`` is alpha in both forms):
+        length_penalty_form: ``"gnmt"`` divides by ``((5 + |Y|) / 6) ** alpha`` (the paper);
+            ``"fairseq"`` by ``|Y| ** alpha`` (fairseq's ``--lenpen``).
+        max_len_over_source: ``N >= 0``: each sentence outputs at most its own source length
+            (tokens, no EOS) + N tokens; the batch-wide ``max_len_a``/``max_len_b`` are then set
+            to ``1``/``N`` (padded width + N), which never binds below any sentence's own limit.
+            ``N < 0`` turns the per-sentence limit off and keeps fairseq's ``max_len_a``/``b``.
+    """
+
+    def __init__(
+        self,
+        models,
+        tgt_dict,
+        length_penalty_form: str = "gnmt",
+        max_len_over_source: int = 50,
+        **kwargs,
+    ) -> None:
+        if length_penalty_form not in LENGTH_PENALTY_FORMS:
+            raise ValueError(
+                f"length_penalty_form must be one of {LENGTH_PENALTY_FORMS}, "
+                f"got {length_penalty_form!r}"
+            )
+        if max_len_over_source >= 0:
+            if isinstance(models, EnsembleModel) and not isinstance(
+                models, SourceLengthCappedEnsemble
+            ):
+                raise ValueError("a per-sentence length limit needs a list of models")
+            if not isinstance(models, EnsembleModel):
+                models = SourceLengthCappedEnsemble(models, max_len_over_source)
+        super().__init__(models, tgt_dict, **kwargs)
+        self.length_penalty_form = length_penalty_form
+        self.max_len_over_source = max_len_over_source
+        # The GNMT normalization is applied here (finalize_hypos), not by fairseq's code.
+        self.gnmt_normalize = self.normalize_scores and length_penalty_form == "gnmt"
+        if self.gnmt_normalize:
+            self.normalize_scores = False
+        if max_len_over_source >= 0:
+            self.model.min_output_len = self.min_len
+            self.model.eos = self.eos
+            logger.info(
+                "maximum output length: each sentence's source length (tokens, without EOS) + "
+                "%d; batch-wide cap set to max_len_a=1, max_len_b=%d (was %s, %s) so that it "
+                "never binds first", max_len_over_source, max_len_over_source,
+                self.max_len_a, self.max_len_b,
+            )
+            self.max_len_a, self.max_len_b = 1, max_len_over_source
+
+    def length_penalty(self, length: int) -> float:
+        """The divisor of ``log P(Y|X)`` for a finished hypothesis of ``length`` tokens (+EOS)."""
+        if self.length_penalty_form == "gnmt":
+            return gnmt_length_penalty(length, self.len_penalty)
+        return fairseq_length_penalty(length, self.len_penalty)
+
+    def finalize_hypos(
+        self,
+        step: int,
+        bbsz_idx,
+        eos_scores,
+        tokens,
+        scores,
+        finalized: list[list[dict[str, Tensor]]],
+        finished: list[bool],
+        beam_size: int,
+        attn: Tensor | None,
+        src_lengths,
+        max_len: int,
+    ):
+        """Finalize as fairseq does, then divide the new hypotheses' scores by the GNMT lp.
+
+        With ``normalize_scores`` switched off for fairseq's code, the stored ``score`` is the
+        raw ``log P(Y|X)`` (and the positional scores are untouched); every hypothesis
+        finalized in this call has ``|Y| = step + 1`` tokens including EOS.
+        """
+        before = [len(hypos) for hypos in finalized]
+        newly_finished = super().finalize_hypos(
+            step, bbsz_idx, eos_scores, tokens, scores, finalized, finished, beam_size, attn,
+            src_lengths, max_len,
+        )
+        if self.gnmt_normalize:
+            divisor = gnmt_length_penalty(step + 1, self.len_penalty)
+            for sent, count in enumerate(before):
+                for hypo in finalized[sent][count:]:
+                    hypo["score"] = hypo["score"] / divisor
+        return newly_finished

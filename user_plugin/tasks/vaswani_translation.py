@@ -1,0 +1,158 @@
+"""The ``vaswani_translation`` task: fairseq's ``translation`` decoding as the paper does (§6.1).
+
+It is fairseq's ``translation`` task (same options, same data) with two changes:
+
+* ``build_generator`` builds :class:`~user_plugin.generation.GNMTSequenceGenerator`, so that
+  ``fairseq-generate``, ``fairseq-interactive``, ``--eval-bleu`` validation and
+  :mod:`user_plugin.hub` rank hypotheses by ``log P(Y|X) / ((5 + |Y|) / 6) ** alpha``
+  (``--lenpen`` is alpha) and cap each output at its own source length + 50 tokens.
+  ``--length-penalty-form fairseq`` restores fairseq's ``|Y| ** alpha``;
+  ``--max-len-over-source -1`` restores fairseq's batch-wide ``--max-len-a``/``--max-len-b``.
+* No sentence is lost to batching. fairseq's ``data_utils.batch_by_size`` deletes the last batch
+  when its size is not a multiple of ``--required-batch-size-multiple`` (default 8): with 100
+  test sentences and ``--batch-size 64``, ``fairseq-generate`` printed 96 hypotheses. Datasets of
+  this task restore that batch (see :class:`CompleteBatchesDataset`), in every split: generation,
+  validation and training keep every sentence, and every batch but the last keeps the multiple.
+
+The paper's settings are beam 4 and alpha 0.6: pass ``--beam 4 --lenpen 0.6`` to
+``fairseq-generate`` (fairseq's own defaults are 5 and 1), or
+``--eval-bleu-args '{"beam": 4, "lenpen": 0.6}'`` for validation BLEU.
+"""
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+from fairseq.data import BaseWrapperDataset, FairseqDataset
+from fairseq.dataclass import ChoiceEnum
+from fairseq.tasks import register_task
+from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+from ..generation.gnmt_sequence_generator import LENGTH_PENALTY_FORMS, GNMTSequenceGenerator
+
+logger = logging.getLogger(__name__)
+
+TASK_NAME = "vaswani_translation"
+
+
+@dataclass
+class VaswaniTranslationConfig(TranslationConfig):
+    length_penalty_form: ChoiceEnum(LENGTH_PENALTY_FORMS) = field(  # type: ignore[valid-type]
+        default="gnmt",
+        metadata={
+            "help": "gnmt: score = log P / ((5 + |Y|) / 6) ** lenpen (the paper, §6.1); "
+            "fairseq: score = log P / |Y| ** lenpen. |Y| counts the EOS."
+        },
+    )
+    max_len_over_source: int = field(
+        default=50,
+        metadata={
+            "help": "each output has at most its own source length (tokens, without the "
+            "source EOS) + N tokens (EOS not counted; the paper: 50); replaces --max-len-a/b. "
+            "A negative value uses fairseq's batch-wide --max-len-a/--max-len-b instead"
+        },
+    )
+
+
+class CompleteBatchesDataset(BaseWrapperDataset):
+    """A dataset whose batching never drops sentences.
+
+    ``batch_by_size`` asks the wrapped dataset for its batches; if fairseq dropped a final batch
+    whose size is not a multiple of ``required_batch_size_multiple``, the missing indices are
+    appended as one last batch (in their original order). Everything else is the wrapped
+    dataset's; unknown attributes (``src``, ``tgt``, ``src_sizes``...) are looked up there too.
+    """
+
+    def __getattr__(self, name: str):
+        if name == "dataset":  # not set yet (e.g. while unpickling)
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    def batch_by_size(
+        self,
+        indices,
+        max_tokens=None,
+        max_sentences=None,
+        required_batch_size_multiple=1,
+    ):
+        batches = self.dataset.batch_by_size(
+            indices,
+            max_tokens=max_tokens,
+            max_sentences=max_sentences,
+            required_batch_size_multiple=required_batch_size_multiple,
+        )
+        return restore_dropped_indices(indices, batches)
+
+
+def restore_dropped_indices(indices, batches: list) -> list:
+    """``batches`` plus one batch of the ``indices`` that no batch holds (order kept)."""
+    indices = np.asarray(indices, dtype=np.int64)
+    batched = sum(len(batch) for batch in batches)
+    if batched >= len(indices):
+        return batches
+    present = (
+        np.concatenate([np.asarray(batch, dtype=np.int64) for batch in batches])
+        if batches
+        else np.empty(0, dtype=np.int64)
+    )
+    missing = indices[~np.isin(indices, present)]
+    if len(missing) == 0:
+        return batches
+    logger.info(
+        "kept a final batch of %d sentences that fairseq's batch_by_size drops "
+        "(its size is not a multiple of --required-batch-size-multiple)", len(missing)
+    )
+    return list(batches) + [missing]
+
+
+@register_task(TASK_NAME, dataclass=VaswaniTranslationConfig)
+class VaswaniTranslationTask(TranslationTask):
+    """fairseq's ``translation`` with the paper's decoding (§6.1) and no sentence dropped."""
+
+    cfg: VaswaniTranslationConfig
+
+    def load_dataset(self, split: str, epoch: int = 1, combine: bool = False, **kwargs) -> None:
+        super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
+        self.datasets[split] = complete_batches(self.datasets[split])
+
+    def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
+        return complete_batches(
+            super().build_dataset_for_inference(src_tokens, src_lengths, constraints=constraints)
+        )
+
+    def build_generator(
+        self,
+        models,
+        args,
+        seq_gen_cls=None,
+        extra_gen_cls_kwargs=None,
+        prefix_allowed_tokens_fn=None,
+    ):
+        """fairseq's generator construction, with :class:`GNMTSequenceGenerator` as the class.
+
+        Scoring a reference (``--score-reference``) keeps fairseq's scorer. Alignment printing
+        needs fairseq's own generator class and is refused.
+        """
+        if getattr(args, "score_reference", False):
+            return super().build_generator(models, args)
+        if getattr(args, "print_alignment", None):
+            raise ValueError(f"--print-alignment is not supported by the {TASK_NAME} task")
+        seq_gen_cls = seq_gen_cls or GNMTSequenceGenerator
+        extra = dict(extra_gen_cls_kwargs or {})
+        if issubclass(seq_gen_cls, GNMTSequenceGenerator):
+            extra.setdefault("length_penalty_form", str(self.cfg.length_penalty_form))
+            extra.setdefault("max_len_over_source", int(self.cfg.max_len_over_source))
+        return super().build_generator(
+            models,
+            args,
+            seq_gen_cls=seq_gen_cls,
+            extra_gen_cls_kwargs=extra,
+            prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
+        )
+
+
+def complete_batches(dataset: FairseqDataset) -> FairseqDataset:
+    """Wrap ``dataset`` in :class:`CompleteBatchesDataset` (once)."""
+    if isinstance(dataset, CompleteBatchesDataset):
+        return dataset
+    return CompleteBatchesDataset(dataset)
