@@ -36,7 +36,7 @@ def fairseq_env() -> Dict[str, str]:
 
 def run_fairseq(tool: str, args: Sequence[str], cwd: Path | None = None,
                 timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run ``fairseq-<tool>`` (as ``python -m fairseq_cli.<tool>``); raise with its output on failure."""
+    """Run ``python -m fairseq_cli.<tool>``; raise with its output if it fails."""
     cmd = [sys.executable, "-m", f"fairseq_cli.{tool}", *map(str, args)]
     proc = subprocess.run(cmd, cwd=cwd, env=fairseq_env(), capture_output=True, text=True,
                           timeout=timeout)
@@ -63,16 +63,19 @@ def json_log_records(text: str, tag: str) -> List[dict]:
 
 
 def hypotheses(generate_output: str) -> Dict[int, dict]:
-    """Parse fairseq-generate's S/H/P lines: id -> {"score", "tokens", "positional"}."""
+    """Parse fairseq-generate's S/H/P lines: id -> {"source", "score", "tokens", "positional"}
+    of the best hypothesis (the first H line of each id)."""
     out: Dict[int, dict] = {}
     for line in generate_output.splitlines():
-        if line.startswith("H-"):
-            head, score, text = line.split("\t", 2)
-            out[int(head[2:])] = {"score": float(score), "tokens": text.split()}
-        elif line.startswith("P-"):
-            head, scores = line.split("\t", 1)
-            out[int(head[2:])]["positional"] = [float(s) for s in scores.split()]
-        elif line.startswith("S-"):
-            head, text = line.split("\t", 1)
-            out.setdefault(int(head[2:]), {})["source"] = text.split()
+        kind, _, rest = line.partition("-")
+        if kind not in ("S", "H", "P") or "\t" not in rest:
+            continue
+        head, *fields = rest.split("\t")
+        entry = out.setdefault(int(head), {})
+        if kind == "S":
+            entry["source"] = fields[0].split()
+        elif kind == "H" and "score" not in entry:
+            entry["score"], entry["tokens"] = float(fields[0]), fields[1].split()
+        elif kind == "P" and "positional" not in entry:
+            entry["positional"] = [float(s) for s in fields[0].split()]
     return out

@@ -15,8 +15,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import user_plugin  # noqa: E402,F401  (registers the plugin)
 from fairseq.data import Dictionary  # noqa: E402
+
+import user_plugin  # noqa: E402,F401  (registers the plugin)
 
 SHARED_DATA = Path(os.environ.get("VASWANI_SHARED_DATA", REPO.parent / "shared" / "data"))
 MULTI30K = SHARED_DATA / "multi30k-en-de"

@@ -3,7 +3,7 @@ and scheduler, resume from checkpoint_last.pt, fairseq-generate, on real Multi30
 
 import pytest
 import torch
-from cli import TINY_MODEL_ARGS, USER_DIR, hypotheses, json_log_records, run_fairseq
+from cli import USER_DIR, hypotheses, json_log_records, run_fairseq
 
 
 def test_training_loss_falls(trained_multi30k):
@@ -116,3 +116,19 @@ def test_paper_values_are_the_defaults_of_vaswani_base():
     assert cfg.encoder_normalize_before is False and cfg.encoder_learned_pos is False
     assert cfg.encoder_embed_dim == 512 and str(cfg.activation_fn) == "relu"
     assert args.label_smoothing == 0.1 and args.warmup_updates == 4000
+
+
+def test_model_options_script_lists_every_option_with_its_default():
+    import subprocess
+    import sys
+
+    from cli import REPO
+
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "model_options.py")],
+                          capture_output=True, text=True, check=True)
+    for option in [*FAIRSEQ_TRANSFORMER_OPTIONS, *FAIRSEQ_TRANSFORMER_FLAGS, "--label-smoothing",
+                   "--warmup-updates", "--lr-scale", "--attention-key-dim",
+                   "--length-penalty-form", "--max-len-over-source"]:
+        assert option in proc.stdout, option
+    text = " ".join(proc.stdout.split())
+    assert "(paper: 0.1) (default: 0.1)" in text and "(4000) (default: 4000)" in text

@@ -15,8 +15,8 @@ from .safe_loading import allow_fairseq_checkpoint_globals
 
 allow_fairseq_checkpoint_globals()
 
-from . import criterions, lr_schedulers, models  # noqa: E402,F401
+# Registration happens on import; safe loading must be allowed first, hence the late imports.
+from . import criterions, lr_schedulers, models, tasks  # noqa: E402,F401,I001
 from .criterions import label_smoothed_cross_entropy  # noqa: E402,F401
 from .lr_schedulers import inverse_sqrt_warmup  # noqa: E402,F401
-from . import tasks  # noqa: E402,F401
 from .tasks import vaswani_translation  # noqa: E402,F401

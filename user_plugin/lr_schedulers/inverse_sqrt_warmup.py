@@ -38,7 +38,9 @@ class InverseSqrtWarmupConfig(FairseqDataclass):
     model_embed_dim: Optional[int] = II("oc.select:model.decoder_embed_dim,null")
 
 
-def paper_learning_rate(step_num: int, d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
+def paper_learning_rate(
+    step_num: int, d_model: int, warmup_steps: int, scale: float = 1.0
+) -> float:
     """Equation 3 of §5.3 (``step_num`` counts from 1)."""
     if step_num < 1:
         raise ValueError(f"step_num counts from 1, got {step_num}")
@@ -61,7 +63,7 @@ class InverseSqrtWarmupSchedule(FairseqLRScheduler):
         self.d_model = int(d_model)
         self.warmup_updates = cfg.warmup_updates
         self.scale = cfg.lr_scale
-        peak = paper_learning_rate(self.warmup_updates, self.d_model, self.warmup_updates, self.scale)
+        peak = self.lr_at(self.warmup_updates - 1)
         logger.info(
             f"paper LR schedule: d_model {self.d_model}, warmup {self.warmup_updates}, "
             f"scale {self.scale}: peak lr {peak:.3e} at update {self.warmup_updates}"

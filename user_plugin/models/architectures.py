@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from fairseq.models import register_model_architecture
 
+# Architectures attach to a registered model: importing the model module registers it first.
+from .vaswani_transformer import VaswaniTransformerModel  # noqa: F401
+
 MODEL_NAME = "vaswani_transformer"
 
 

@@ -13,7 +13,7 @@ from .residual import AddAndNorm
 
 
 class DecoderLayer(nn.Module):
-    """``y -> AddNorm(y, MaskedSelfAttn(y)) -> AddNorm(., EncDecAttn(., enc)) -> AddNorm(., FFN(.))``.
+    """``y -> AddNorm(y, MaskedSelfAttn(y)) -> AddNorm(., EncDecAttn(., enc)) -> AddNorm(., FFN)``.
 
     Queries of the encoder-decoder attention come from the decoder, keys and values from the
     encoder output (§3.2.3). Sub-layers come from overridable factory methods.

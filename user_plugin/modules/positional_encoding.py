@@ -26,7 +26,7 @@ def token_positions(tokens: Tensor, padding_idx: int) -> Tensor:
 
 
 def sinusoidal_table(num_positions: int, embed_dim: int) -> Tensor:
-    """The §3.5 table: row ``pos`` holds ``sin(pos / 10000^(2i/d))`` at column 2i, ``cos`` at 2i+1."""
+    """The §3.5 table: row ``pos`` has ``sin(pos / 10000^(2i/d))`` at column 2i, ``cos`` at 2i+1."""
     position = torch.arange(num_positions, dtype=torch.float64).unsqueeze(1)
     two_i = torch.arange(0, embed_dim, 2, dtype=torch.float64)
     angle = position / torch.pow(10000.0, two_i / embed_dim)

@@ -1,0 +1,48 @@
+#!/usr/bin/env python
+"""Print the options of the plugin's model, criterion, scheduler and task with help and defaults.
+
+``fairseq-train --help`` prints before fairseq adds an architecture's options, so this lists
+what ``--arch vaswani_*``, ``--criterion vaswani_label_smoothed_cross_entropy``,
+``--lr-scheduler vaswani_inverse_sqrt`` and ``--task vaswani_translation`` accept.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> None:
+    import user_plugin  # noqa: F401  (registers everything)
+    from fairseq.dataclass.utils import gen_parser_from_dataclass
+
+    from user_plugin.criterions.label_smoothed_cross_entropy import (
+        LabelSmoothedCrossEntropyConfig,
+    )
+    from user_plugin.lr_schedulers.inverse_sqrt_warmup import InverseSqrtWarmupConfig
+    from user_plugin.models.transformer_config import VaswaniTransformerConfig
+    from user_plugin.tasks.vaswani_translation import VaswaniTranslationConfig
+
+    parser = argparse.ArgumentParser(
+        prog="fairseq-train --user-dir user_plugin",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        add_help=False,
+        usage=argparse.SUPPRESS,
+    )
+    sections = (
+        ("model vaswani_transformer (--arch vaswani_base|vaswani_big|...)",
+         VaswaniTransformerConfig),
+        ("criterion vaswani_label_smoothed_cross_entropy", LabelSmoothedCrossEntropyConfig),
+        ("lr scheduler vaswani_inverse_sqrt", InverseSqrtWarmupConfig),
+        ("task vaswani_translation (plus fairseq's translation options)",
+         VaswaniTranslationConfig),
+    )
+    for title, config in sections:
+        gen_parser_from_dataclass(parser.add_argument_group(title), config())
+    parser.print_help()
+
+
+if __name__ == "__main__":
+    main()
