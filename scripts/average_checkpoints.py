@@ -112,7 +112,19 @@ def _load_error_reason(error: BaseException) -> str:
 def load_checkpoint(path: Path) -> dict:
     """Load a fairseq checkpoint on the CPU under safe loading, or raise :class:`UserError`."""
     allow_fairseq_types()
+    from user_plugin.hub import checkpoint_file_problem
+
     path = Path(path)
+    try:
+        problem = checkpoint_file_problem(path)
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory, expected a checkpoint file") from None
+    except OSError as error:
+        raise UserError(f"{path}: cannot read ({first_line(error)})") from None
+    if problem is not None:
+        raise UserError(f"{path}: not a readable PyTorch checkpoint ({problem})")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:

@@ -70,13 +70,45 @@ def _resolve(directory: Path, name: str | os.PathLike) -> Path:
     return path if path.is_absolute() else directory / path
 
 
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format since torch 1.6
+PICKLE_MAGIC = b"\x80"  # the legacy torch.save format starts with a pickle protocol opcode
+
+
+def checkpoint_file_problem(path: str | os.PathLike) -> str | None:
+    """What is visibly wrong with a checkpoint file without unpickling it, or None.
+
+    Reads the first bytes and, for a zip, its central directory (at the end of the file): an
+    empty file, a foreign format and a truncated zip (a copy or write cut short) are told apart.
+    """
+    import zipfile
+
+    path = Path(path)
+    size = path.stat().st_size
+    if size == 0:
+        return "empty file (0 bytes)"
+    with open(path, "rb") as handle:
+        head = handle.read(len(ZIP_MAGIC))
+    if head == ZIP_MAGIC:
+        if not zipfile.is_zipfile(path):
+            return f"truncated or corrupt (an incomplete zip archive of {size} bytes)"
+        return None
+    if not head.startswith(PICKLE_MAGIC):
+        return f"not a PyTorch file (unknown format, starts with {head!r})"
+    return None
+
+
 def _read_checkpoint(path: Path) -> dict:
     from fairseq import checkpoint_utils
 
     if not path.is_file():
         raise HubError(f"checkpoint not found: {path}")
+    problem = checkpoint_file_problem(path)
+    if problem is not None:
+        raise HubError(f"cannot read checkpoint {path}: {problem}")
     try:
         state = checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    except KeyError as exc:  # fairseq's upgrade of an old checkpoint did not find its fields
+        raise HubError(f"not a fairseq checkpoint (no {exc} entry): {path}") from None
     except LOAD_ERRORS as exc:
         raise HubError(f"cannot read checkpoint {path}: {_one_line(exc)}") from None
     if not isinstance(state, dict) or state.get("cfg") is None or "model" not in state:
@@ -230,6 +262,13 @@ class Translator:
         tokens = [src_dict.encode_line(line, add_if_not_exist=False).long() for line in lines]
         if not tokens:
             return []
+        longest = _max_source_tokens(self.max_positions)
+        for number, sentence in enumerate(tokens, start=1):
+            if longest is not None and sentence.numel() > longest:
+                raise ValueError(
+                    f"sentence {number} has {sentence.numel()} tokens (with EOS), more than the "
+                    f"model's {longest} source positions: split or shorten it"
+                )
         dataset = self.task.build_dataset_for_inference(
             tokens, torch.LongTensor([t.numel() for t in tokens])
         )
@@ -260,17 +299,32 @@ class Translator:
         """Translate raw text.
 
         ``translate("s")`` -> str; ``translate("s", nbest=k)`` -> k strings (best first);
-        ``translate([...])`` -> one str (or one list of k strings) per sentence.
+        ``translate([...])`` -> one str (or one list of k strings) per sentence. An empty (or
+        blank) sentence gives an empty translation without decoding. A sentence longer than the
+        model's source positions is a ``ValueError`` naming it, raised before any decoding.
         """
         single = isinstance(sentences, str)
         lines = [sentences] if single else list(sentences)
+        encoded = [self.codec.encode(line) for line in lines]
+        # An empty line translates to an empty line (not decoded), so outputs stay aligned.
+        kept = [i for i, line in enumerate(encoded) if line.strip()]
         hypos = self.translate_tokens(
-            [self.codec.encode(line) for line in lines], nbest=nbest, beam=beam, lenpen=lenpen
+            [encoded[i] for i in kept], nbest=nbest, beam=beam, lenpen=lenpen
         )
-        outputs = [[self.codec.decode(h["tokens"]) for h in per_line] for per_line in hypos]
+        outputs = [[""] * nbest for _ in lines]
+        for i, per_line in zip(kept, hypos):
+            outputs[i] = [self.codec.decode(h["tokens"]) for h in per_line]
         if nbest == 1:
             outputs = [per_line[0] for per_line in outputs]
         return outputs[0] if single else outputs
+
+
+def _max_source_tokens(max_positions) -> int | None:
+    """The source part of fairseq's resolved ``max_positions`` (an int or a (source, target)
+    pair, None when unlimited)."""
+    if isinstance(max_positions, (tuple, list)):
+        max_positions = max_positions[0]
+    return None if max_positions is None else int(max_positions)
 
 
 def load_translator(

@@ -13,6 +13,14 @@ It is fairseq's ``translation`` task (same options, same data) with two changes:
   test sentences and ``--batch-size 64``, ``fairseq-generate`` printed 96 hypotheses. Datasets of
   this task restore that batch (see :class:`CompleteBatchesDataset`), in every split: generation,
   validation and training keep every sentence, and every batch but the last keeps the multiple.
+* Validation during training never stops the run. fairseq skips training pairs longer than
+  ``--max-source-positions``/``--max-target-positions`` (logging how many), but raises on such
+  a pair in a validation split unless ``--skip-invalid-size-inputs-valid-test`` is given, and
+  it does so at the first validation: after a whole epoch (or ``--save-interval-updates``) of
+  work and before the checkpoint is written. When the training split is loaded (this process
+  trains), this task skips them in every split and logs the count, per split, as a warning.
+  ``fairseq-generate`` (no training split) keeps fairseq's error, raised before decoding
+  starts, so that no test sentence disappears unnoticed.
 
 The paper's settings are beam 4 and alpha 0.6: pass ``--beam 4 --lenpen 0.6`` to
 ``fairseq-generate`` (fairseq's own defaults are 5 and 1), or
@@ -114,6 +122,26 @@ class VaswaniTranslationTask(TranslationTask):
     def load_dataset(self, split: str, epoch: int = 1, combine: bool = False, **kwargs) -> None:
         super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
         self.datasets[split] = complete_batches(self.datasets[split])
+
+    def filter_indices_by_size(
+        self, indices, dataset, max_positions=None, ignore_invalid_inputs=False
+    ):
+        """fairseq's filter; while training, too-long pairs of any split are skipped, with a
+        warning naming the split and the count, instead of stopping at the first validation."""
+        training = self.cfg.train_subset in self.datasets
+        if ignore_invalid_inputs or not training:
+            return super().filter_indices_by_size(
+                indices, dataset, max_positions, ignore_invalid_inputs
+            )
+        kept, ignored = dataset.filter_indices_by_size(indices, max_positions)
+        if len(ignored) > 0:
+            split = next((name for name, d in self.datasets.items() if d is dataset), "?")
+            logger.warning(
+                "%s: skipped %d of %d sentence pairs longer than max_positions=%s "
+                "(first ids %s)", split, len(ignored), len(indices), max_positions,
+                list(ignored[:10]),
+            )
+        return kept
 
     def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
         return complete_batches(
