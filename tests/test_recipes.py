@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, SHARED_DATA, require_data
 
 RECIPES = REPO / "recipes"
@@ -187,7 +186,9 @@ step_restart "$up"; echo data > "$up/a.txt"
 step_mark_done "$up" "cfg-up" -- a.txt
 step_restart "$down"; echo result > "$down/b.txt"
 step_mark_done "$down" "cfg-down" "$up" -- b.txt
-check() { if step_is_done "$down" "$1" "$up" 2>/dev/null; then echo "$2 done"; else echo "$2 redo"; fi; }
+check() {
+  if step_is_done "$down" "$1" "$up" 2>/dev/null; then echo "$2 done"; else echo "$2 redo"; fi
+}
 check cfg-down fresh
 check other-cfg settings-changed
 echo changed > "$down/b.txt"; check cfg-down output-changed

@@ -8,12 +8,15 @@ registers (each module names the paper section it implements):
 * LR scheduler ``vaswani_inverse_sqrt`` (``lr_schedulers/``, §5.3);
 * task ``vaswani_translation`` with the paper's beam search settings (``tasks/``, §6.1);
 
-and allow-lists the types in fairseq checkpoints for torch's safe loading (``safe_loading``).
+allow-lists the types in fairseq checkpoints for torch's safe loading (``safe_loading``), and
+makes fairseq's checkpoint copies atomic (``atomic_checkpoint_copy``).
 """
 
+from .atomic_checkpoint_copy import install_atomic_checkpoint_copy
 from .safe_loading import allow_fairseq_checkpoint_globals
 
 allow_fairseq_checkpoint_globals()
+install_atomic_checkpoint_copy()
 
 # Registration happens on import; safe loading must be allowed first, hence the late imports.
 from . import criterions, lr_schedulers, models, tasks  # noqa: E402,F401,I001
