@@ -128,7 +128,8 @@ def read_checkpoint_config(path: Path) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except LOAD_ERRORS as error:
-        raise UserError(f"{path}: not a readable fairseq checkpoint ({first_line(error)})") from None
+        problem = first_line(error)
+        raise UserError(f"{path}: not a readable fairseq checkpoint ({problem})") from None
     if not isinstance(state, dict) or not isinstance(state.get("cfg"), dict):
         raise UserError(f"{path}: not a fairseq checkpoint (no 'cfg')")
     history = state.get("optimizer_history") or [{}]

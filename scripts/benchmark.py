@@ -109,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="accelerator peak for MFU (default: by GPU name)")
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads per run (1 is steadier on a shared machine)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--work-dir", type=Path, default=None,
                         help="where the prepared data and weights go (default: a temp dir)")

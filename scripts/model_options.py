@@ -14,9 +14,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main() -> None:
-    import user_plugin  # noqa: F401  (registers everything)
     from fairseq.dataclass.utils import gen_parser_from_dataclass
 
+    import user_plugin  # noqa: F401  (registers everything)
     from user_plugin.criterions.label_smoothed_cross_entropy import (
         LabelSmoothedCrossEntropyConfig,
     )

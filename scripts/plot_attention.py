@@ -85,7 +85,8 @@ def load(args: argparse.Namespace):
             model_dir, checkpoints=checkpoints, data_dir=args.data_dir,
             source_lang=args.source_lang, target_lang=args.target_lang,
             bpe_codes=absolute(args.bpe_codes),
-            sentencepiece_model=absolute(args.sentencepiece_model), moses=False if args.tokenized else None,
+            sentencepiece_model=absolute(args.sentencepiece_model),
+            moses=False if args.tokenized else None,
         )
     except HubError as error:
         raise UserError(str(error)) from None

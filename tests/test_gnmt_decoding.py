@@ -23,16 +23,6 @@ ALPHA = 0.6
 TINY_PROB = 1e-12
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models: intra-op threads only add contention on a shared 2-core machine (a
-    two-sentence decode took 2 s with 2 threads, 0.02 s with 1)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 class EchoEncoder(FairseqEncoder):
     """Keeps the source tokens as its 'output' (the scripted decoder ignores them)."""
 

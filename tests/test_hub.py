@@ -14,16 +14,6 @@ from user_plugin.hub import HubError, TextCodec, load_translator, main
 SOURCES = 12  # test sentences compared with fairseq-generate
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models: intra-op threads only add contention on a shared 2-core machine (a
-    two-sentence decode took 2 s with 2 threads, 0.02 s with 1)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope="module")
 def model_dir(trained_multi30k, tmp_path_factory):
     """A hub model directory: model.pt and the two dictionaries, nothing else."""

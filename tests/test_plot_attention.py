@@ -14,20 +14,10 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "plot_attention.py"
 sys.path.insert(0, str(SCRIPT.parent))
 
-import plot_attention
+import plot_attention  # noqa: E402
 
 LAYERS, HEADS = 2, 4  # the fixture's tiny model (cli.TINY_MODEL_ARGS)
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models: intra-op threads only add contention on a shared 2-core machine (a
-    two-sentence decode took 2 s with 2 threads, 0.02 s with 1)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def run_script(*args):

@@ -24,7 +24,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def vaswani_plugin_dir() -> Path:
-    """The directory of vaswani's ``user_plugin`` package: the importable one, else the checkout's."""
+    """Where vaswani's ``user_plugin`` package is: the importable one, else the checkout's."""
     spec = importlib.util.find_spec("user_plugin")
     if spec is not None and spec.submodule_search_locations:
         return Path(next(iter(spec.submodule_search_locations)))
@@ -44,4 +44,4 @@ def load_vaswani_plugin() -> None:
 
 load_vaswani_plugin()
 
-from .models import gated_ffn_transformer  # noqa: F401  (registers the model and arch)
+from .models import gated_ffn_transformer  # noqa: E402,F401  (registers the model, arch)

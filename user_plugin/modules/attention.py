@@ -104,13 +104,19 @@ class MultiHeadAttention(nn.Module):
         """
         cache = self._get_cache(incremental_state)
         q = self._split_heads(self.q_proj(query), self.key_dim)
-        if self.encoder_decoder and cache is not None and "key" in cache:
-            k, v = cache["key"], cache["value"]
+        if self.encoder_decoder and cache is not None:
+            if "key" not in cache:
+                assert key_value is not None, "keys and values are needed on the first step"
+                cache = self._encoder_cache(key_value, attn_mask)
+                self._set_cache(incremental_state, cache)
+            if not need_weights and q.size(2) == 1 and cache["rows"] is None:
+                return self._attend_per_sentence(q, cache), None
+            k, v, attn_mask = _rows_of(cache)
         else:
             assert key_value is not None, "keys and values are needed on the first step"
             k = self._split_heads(self.k_proj(key_value), self.key_dim)
             v = self._split_heads(self.v_proj(key_value), self.value_dim)
-            if cache is not None and not self.encoder_decoder and "key" in cache:
+            if cache is not None and "key" in cache:
                 k = torch.cat([cache["key"], k], dim=2)
                 v = torch.cat([cache["value"], v], dim=2)
             if cache is not None:
@@ -127,9 +133,45 @@ class MultiHeadAttention(nn.Module):
                 q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
             )
             weights = None
+        return self._merge_heads(context), weights
+
+    def _merge_heads(self, context: Tensor) -> Tensor:
+        """[B, h, T, d_v] -> output projection of [B, T, h * d_v]."""
         batch, _, time, _ = context.shape
         context = context.transpose(1, 2).reshape(batch, time, self.num_heads * self.value_dim)
-        return self.out_proj(context), weights
+        return self.out_proj(context)
+
+    # -- encoder-decoder attention while decoding: keys and values once per sentence -------
+
+    def _encoder_cache(self, encoder_out: Tensor, attn_mask: Optional[Tensor]) -> Dict:
+        """Keys and values of the distinct sentences of ``encoder_out`` [rows, S, C].
+
+        Beam search hands the decoder ``beam`` identical copies of each sentence's encoder
+        output, in consecutive rows. They are detected (``group`` copies per sentence) and the
+        keys and values are computed and stored once per sentence; ``rows`` (None while row
+        ``r`` belongs to sentence ``r // group``) maps decoder rows to stored sentences.
+        """
+        group = _identical_row_groups(encoder_out, attn_mask)
+        sentences = encoder_out[::group]
+        mask = None if attn_mask is None else attn_mask[::group]
+        return {
+            "key": self._split_heads(self.k_proj(sentences), self.key_dim),
+            "value": self._split_heads(self.v_proj(sentences), self.value_dim),
+            "mask": mask,
+            "group": group,
+            "rows": None,
+        }
+
+    def _attend_per_sentence(self, q: Tensor, cache: Dict) -> Tensor:
+        """One query step of the ``group`` hypotheses of each sentence against that sentence's
+        stored keys: queries [n * group, h, 1, d] become [n, h, group, d] (no key copies)."""
+        key, value, group = cache["key"], cache["value"], cache["group"]
+        sentences = key.size(0)
+        q = q.view(sentences, group, self.num_heads, self.key_dim).transpose(1, 2)
+        context = F.scaled_dot_product_attention(q, key, value, attn_mask=cache["mask"])
+        context = context.transpose(1, 2).reshape(sentences * group, 1, self.num_heads
+                                                  * self.value_dim)
+        return self.out_proj(context)
 
     # -- incremental decoding -------------------------------------------------------------
 
@@ -144,12 +186,73 @@ class MultiHeadAttention(nn.Module):
     def reorder_incremental_state(
         self, incremental_state: IncrementalState, new_order: Tensor
     ) -> IncrementalState:
-        """Follow beam search: keep the cached keys/values of the hypotheses in ``new_order``."""
+        """Follow beam search: keep the cached keys/values of the hypotheses in ``new_order``.
+
+        Encoder-decoder keys and values are stored per sentence: only the row -> sentence map
+        follows ``new_order``, and the stored sentences are selected only when some leave the
+        batch (or the rows stop being grouped by sentence).
+        """
         cache = self.get_incremental_state(incremental_state, "attn_cache")
-        if cache:
+        if not cache:
+            return incremental_state
+        if "group" in cache:
+            reordered = _reorder_sentence_cache(cache, new_order)
+        else:
             reordered = {name: t.index_select(0, new_order) for name, t in cache.items()}
-            self._set_cache(incremental_state, reordered)
+        self._set_cache(incremental_state, reordered)
         return incremental_state
+
+
+def _identical_row_groups(encoder_out: Tensor, attn_mask: Optional[Tensor]) -> int:
+    """The number ``g`` of consecutive identical rows per sentence (1 if rows are not grouped)."""
+    rows = encoder_out.size(0)
+    if rows < 2:
+        return 1
+    same_as_first = encoder_out.eq(encoder_out[:1]).flatten(1).all(dim=1)
+    different = torch.nonzero(~same_as_first)
+    group = int(different[0, 0]) if different.numel() else rows
+    if group < 2 or rows % group:
+        return 1
+    for tensor in (encoder_out, attn_mask):
+        if tensor is not None:
+            grouped = tensor.reshape(rows // group, group, -1)
+            if not torch.equal(grouped, grouped[:, :1].expand_as(grouped)):
+                return 1
+    return group
+
+
+def _rows_of(cache: Dict) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """Per-row keys, values and mask of a per-sentence cache (general, copying path)."""
+    rows = cache["rows"]
+    if rows is None:
+        count = cache["key"].size(0) * cache["group"]
+        rows = torch.arange(count, device=cache["key"].device) // cache["group"]
+    mask = cache["mask"]
+    return cache["key"][rows], cache["value"][rows], None if mask is None else mask[rows]
+
+
+def _reorder_sentence_cache(cache: Dict, new_order: Tensor) -> Dict:
+    """Compose the row -> sentence map with ``new_order``; when the rows are again ``group``
+    consecutive rows per sentence, keep only those sentences, in that order."""
+    group, rows = cache["group"], cache["rows"]
+    if rows is None:
+        rows = torch.arange(cache["key"].size(0) * group, device=new_order.device) // group
+    rows = rows.index_select(0, new_order)
+    new = dict(cache, rows=rows)
+    if rows.numel() % group == 0:
+        grouped = rows.view(-1, group)
+        sentences = grouped[:, 0]
+        if bool(grouped.eq(sentences[:, None]).all()):
+            new["rows"] = None
+            unchanged = sentences.numel() == cache["key"].size(0) and bool(
+                sentences.eq(torch.arange(sentences.numel(), device=sentences.device)).all()
+            )
+            if not unchanged:
+                new["key"] = cache["key"].index_select(0, sentences)
+                new["value"] = cache["value"].index_select(0, sentences)
+                if cache["mask"] is not None:
+                    new["mask"] = cache["mask"].index_select(0, sentences)
+    return new
 
 
 def _explicit_attention(
