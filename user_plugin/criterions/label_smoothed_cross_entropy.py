@@ -43,18 +43,48 @@ def label_smoothed_loss_from_logits(
     """Summed label-smoothed loss and summed NLL over non-pad targets.
 
     ``logits``: [N, V] (any float dtype; the arithmetic is in float32), ``target``: [N].
+    The NLL is for logging and carries no gradient.
     """
-    logits = logits.float()
-    vocab = logits.size(-1)
-    log_normalizer = torch.logsumexp(logits, dim=-1)
-    nll = log_normalizer - logits.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-    smooth = vocab * log_normalizer - logits.sum(dim=-1)
-    keep = target.ne(padding_idx)
-    nll = nll.masked_fill(~keep, 0.0).sum()
-    smooth = smooth.masked_fill(~keep, 0.0).sum()
-    eps_other = epsilon / (vocab - 1)
-    loss = (1.0 - epsilon - eps_other) * nll + eps_other * smooth
-    return loss, nll
+    return _LabelSmoothedLoss.apply(logits, target, epsilon, padding_idx)
+
+
+class _LabelSmoothedLoss(torch.autograd.Function):
+    """The loss with a hand-written gradient, one [N, V] temporary in the backward pass.
+
+    With ``a = 1 - eps - eps/(V-1)`` and ``b = eps/(V-1)``, each kept row's loss is
+    ``a (lse - z_y) + b (V lse - sum_v z_v)``, whose gradient is
+    ``dL/dz_v = (a + bV) p_v - b - a [v = y]`` with ``p = softmax(z)``.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, target: Tensor, epsilon: float, padding_idx: int):
+        scores = logits.float()
+        vocab = scores.size(-1)
+        log_normalizer = torch.logsumexp(scores, dim=-1)
+        keep = target.ne(padding_idx)
+        nll = log_normalizer - scores.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+        smooth = vocab * log_normalizer - scores.sum(dim=-1)
+        nll = nll.masked_fill(~keep, 0.0).sum()
+        smooth = smooth.masked_fill(~keep, 0.0).sum()
+        eps_other = epsilon / (vocab - 1)
+        on_target = 1.0 - epsilon - eps_other
+        loss = on_target * nll + eps_other * smooth
+        ctx.save_for_backward(logits, target, log_normalizer, keep)
+        ctx.coefficients = (on_target, eps_other)
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, grad_nll: Tensor):
+        logits, target, log_normalizer, keep = ctx.saved_tensors
+        on_target, eps_other = ctx.coefficients
+        vocab = logits.size(-1)
+        row_grad = keep.to(torch.float32) * grad_loss.float()
+        grad = logits.float().sub(log_normalizer.unsqueeze(-1)).exp_()
+        grad.mul_((row_grad * (on_target + eps_other * vocab)).unsqueeze(-1))
+        grad.sub_((row_grad * eps_other).unsqueeze(-1))
+        grad.scatter_add_(-1, target.unsqueeze(-1), (row_grad * -on_target).unsqueeze(-1))
+        return grad.to(logits.dtype), None, None, None
 
 
 @register_criterion(CRITERION_NAME, dataclass=LabelSmoothedCrossEntropyConfig)

@@ -55,9 +55,9 @@ def source_lengths_without_eos(src_tokens: Tensor, pad: int, eos: int) -> Tensor
 class SourceLengthCappedEnsemble(EnsembleModel):
     """fairseq's model ensemble with a per-sentence maximum output length (paper §6.1).
 
-    ``forward_encoder`` computes each sentence's limit ``source tokens (no EOS) + max_len_over_source``
-    (at least ``min_output_len``); every ``reorder_encoder_out`` applies the same row selection to
-    the limits, so row ``r`` of the decoder input always meets its own sentence's limit; and
+    ``forward_encoder`` computes each sentence's limit,
+    ``source tokens (no EOS) + max_len_over_source`` (at least ``min_output_len``); every
+    ``reorder_encoder_out`` applies the same row selection to the limits, so row ``r`` of the decoder input always meets its own sentence's limit; and
     ``forward_decoder`` leaves only EOS possible (with its model log-probability, so the scores
     stay true log-probabilities) on rows whose output already holds that many tokens.
     """
@@ -98,7 +98,9 @@ class SourceLengthCappedEnsemble(EnsembleModel):
         return super().reorder_encoder_out(encoder_outs, new_order)
 
     def forward_decoder(self, tokens, encoder_outs, incremental_states, temperature: float = 1.0):
-        lprobs, attn = super().forward_decoder(tokens, encoder_outs, incremental_states, temperature)
+        lprobs, attn = super().forward_decoder(
+            tokens, encoder_outs, incremental_states, temperature
+        )
         if self.row_limits is not None:
             produced = tokens.size(1) - 1  # column 0 is the BOS (EOS) marker
             at_limit = self.row_limits.le(produced)
