@@ -57,9 +57,10 @@ class SourceLengthCappedEnsemble(EnsembleModel):
 
     ``forward_encoder`` computes each sentence's limit,
     ``source tokens (no EOS) + max_len_over_source`` (at least ``min_output_len``); every
-    ``reorder_encoder_out`` applies the same row selection to the limits, so row ``r`` of the decoder input always meets its own sentence's limit; and
-    ``forward_decoder`` leaves only EOS possible (with its model log-probability, so the scores
-    stay true log-probabilities) on rows whose output already holds that many tokens.
+    ``reorder_encoder_out`` applies the same row selection to the limits, so row ``r`` of the
+    decoder input always meets its own sentence's limit; and ``forward_decoder`` leaves only EOS
+    possible (with its model log-probability, so the scores stay true log-probabilities) on
+    rows whose output already holds that many tokens.
     """
 
     def __init__(self, models: Sequence[torch.nn.Module], max_len_over_source: int) -> None:
