@@ -11,6 +11,7 @@ import torch
 from cli import (
     PAPER_OPTIMIZATION_ARGS,
     REPO,
+    TINY_MODEL_ARGS,
     fairseq_env,
     hypotheses,
     json_log_records,
@@ -20,14 +21,9 @@ from conftest import fake_task, make_dictionary, model_args, random_batch
 
 EXAMPLE_DIR = REPO / "examples" / "custom_ffn"
 PLUGIN_DIR = REPO / "user_plugin"
-TINY_GATED_ARGS = [
-    "--arch", "gated_ffn_base",
-    "--encoder-layers", "2", "--decoder-layers", "2",
-    "--encoder-embed-dim", "64", "--decoder-embed-dim", "64",
-    "--encoder-ffn-embed-dim", "128", "--decoder-ffn-embed-dim", "128",
-    "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
-    "--share-all-embeddings", "--dropout", "0.1",
-]
+# the tests' tiny model, with the example's architecture instead of vaswani_base
+TINY_GATED_ARGS = ["--arch", "gated_ffn_base", *TINY_MODEL_ARGS[2:]]
+assert TINY_MODEL_ARGS[:2] == ["--arch", "vaswani_base"]
 
 REGISTRY_REPORT = """
 import json, sys
