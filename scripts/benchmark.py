@@ -104,7 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sweep-tokens", type=int, default=2048,
                         help="tokens per sweep batch (sentences = tokens / length, at least 1)")
     parser.add_argument("--sweep-steps", type=int, default=3)
-    parser.add_argument("--skip", default="", help="comma list of train,decode,sweep to skip")
+    parser.add_argument("--decode-sweep", default="16,32,64,128,256",
+                        help="output lengths for the decoding sweep: every hypothesis is made "
+                             "exactly this long (min = max length) ('' to skip)")
+    parser.add_argument("--decode-sweep-sentences", type=int, default=8,
+                        help="sentences (each x beam) per decoding-sweep batch")
+    parser.add_argument("--skip", default="",
+                        help="comma list of train,decode,sweep,decode-sweep to skip")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
     parser.add_argument("--peak-tflops", type=float, default=None,
@@ -172,6 +178,14 @@ def prepare(args, work: Path) -> None:
 def max_positions(args) -> int:
     lengths = sweep_lengths(args)
     return max([1024, *[n + 2 for n in lengths]])
+
+
+def decode_sweep_lengths(args) -> List[int]:
+    try:
+        return [int(x) for x in args.decode_sweep.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"--decode-sweep {args.decode_sweep!r}: expected comma-separated "
+                        "integers") from None
 
 
 def sweep_lengths(args) -> List[int]:
@@ -417,6 +431,9 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
             warmup, repeats = samples, samples * args.sweep_steps
         return train_measure(args, model, task, impl, cfg, len(dictionary), device, autocast,
                              warmup, repeats)
+    if mode == "decode-sweep":
+        return decode_measure(args, model, dictionary, impl, data["test"], device, autocast,
+                              output_length=spec["length"])
     return decode_measure(args, model, dictionary, impl, data["test"], device, autocast)
 
 
@@ -468,7 +485,10 @@ def train_measure(args, model, task, impl, cfg, vocab, device, autocast, warmup,
     return result
 
 
-def decode_measure(args, model, dictionary, impl, test_pairs, device, autocast):
+def decode_measure(args, model, dictionary, impl, test_pairs, device, autocast,
+                   output_length: Optional[int] = None):
+    """Beam search over the test sentences; with ``output_length``, the first
+    ``--decode-sweep-sentences`` of them in one batch, every hypothesis exactly that long."""
     from fairseq.sequence_generator import SequenceGenerator
 
     model.eval()
@@ -478,12 +498,18 @@ def decode_measure(args, model, dictionary, impl, test_pairs, device, autocast):
         table = sinusoidal_table(max_positions(args), model.encoder.embed_tokens.embedding_dim)
         for side in (model.encoder, model.decoder):
             side.embed_positions = LastStepPositions(table.to(device), dictionary.pad())
-    generator = SequenceGenerator([model], dictionary, beam_size=args.beam, max_len_a=1,
-                                  max_len_b=args.max_len_b)
+    if output_length is None:
+        generator = SequenceGenerator([model], dictionary, beam_size=args.beam, max_len_a=1,
+                                      max_len_b=args.max_len_b)
+        batch_size = args.decode_batch
+    else:
+        generator = SequenceGenerator([model], dictionary, beam_size=args.beam, max_len_a=0,
+                                      max_len_b=output_length, min_len=output_length)
+        test_pairs = test_pairs[: args.decode_sweep_sentences]
+        batch_size = args.decode_sweep_sentences
     pad, eos = dictionary.pad(), dictionary.eos()
     ordered = sorted(test_pairs, key=lambda p: len(p[0]))
-    batches = [ordered[i: i + args.decode_batch]
-               for i in range(0, len(ordered), args.decode_batch)]
+    batches = [ordered[i: i + batch_size] for i in range(0, len(ordered), batch_size)]
     samples = [collate(b, pad, eos, device) for b in batches]
 
     def run(sample):
@@ -559,17 +585,21 @@ def table(rows: List[tuple]) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     skip = {x.strip() for x in args.skip.split(",") if x.strip()}
-    unknown = skip - {"train", "decode", "sweep"}
+    unknown = skip - {"train", "decode", "sweep", "decode-sweep"}
     if unknown:
-        raise UserError(f"--skip: unknown step(s) {sorted(unknown)}; use train, decode, sweep")
+        raise UserError(f"--skip: unknown step(s) {sorted(unknown)}; "
+                        "use train, decode, sweep, decode-sweep")
     if not args.data.is_dir():
         raise UserError(f"{args.data}: no such data folder (see --data)")
     for name in ("pairs", "vocab", "max_tokens", "train_batches", "decode_sentences",
-                 "decode_batch", "beam", "repeats", "sweep_tokens", "sweep_steps", "threads"):
+                 "decode_batch", "beam", "repeats", "sweep_tokens", "sweep_steps", "threads",
+                 "decode_sweep_sentences"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1")
     if any(n < 2 for n in sweep_lengths(args)):
         raise UserError("--sweep lengths must be >= 2")
+    if any(n < 1 or n + 2 > max_positions(args) for n in decode_sweep_lengths(args)):
+        raise UserError(f"--decode-sweep lengths must be in [1, {max_positions(args) - 2}]")
     if args.device == "cpu" and args.dtype != "fp32":
         raise UserError("--dtype bf16/fp16 needs --device cuda")
     if args.device == "cuda":
@@ -616,6 +646,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             sweep = run_sweep(args, argv_spec, work)
             results["sweep"] = sweep
             report.append("\n" + sweep_table(sweep))
+        if "decode-sweep" not in skip and decode_sweep_lengths(args):
+            decode_sweep = run_decode_sweep(args, argv_spec, work)
+            results["decode_sweep"] = decode_sweep
+            report.append("\n" + decode_sweep_table(decode_sweep))
         text = "\n".join(report)
         print("\n" + text)
         if args.json_out:
@@ -635,6 +669,34 @@ def run_sweep(args, argv_spec, work: Path) -> List[dict]:
         print(f"sweep length {length}: {json.dumps(row)}", flush=True)
         rows.append(row)
     return rows
+
+
+def run_decode_sweep(args, argv_spec, work: Path) -> List[dict]:
+    rows = []
+    for index, length in enumerate(decode_sweep_lengths(args)):
+        order = IMPLS if index % 2 == 0 else IMPLS[::-1]
+        row: Dict[str, Any] = {"length": length, "sentences": args.decode_sweep_sentences}
+        for impl in order:
+            row[impl] = run_worker(args, argv_spec, work, impl, "decode-sweep", length)
+        row["identical_hypotheses"] = (row["ours"]["hypotheses_sha256"]
+                                       == row["builtin"]["hypotheses_sha256"])
+        print(f"decode sweep length {length}: {json.dumps(row)}", flush=True)
+        rows.append(row)
+    return rows
+
+
+def decode_sweep_table(rows: List[dict]) -> str:
+    lines = ["| output length | seconds ours | seconds built-in | speed-up | peak MB ours | "
+             "peak MB built-in | identical |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for row in rows:
+        ours, theirs = row["ours"], row["builtin"]
+        lines.append(
+            f"| {row['length']} | {ours['seconds']:.2f} | {theirs['seconds']:.2f} | "
+            f"{theirs['seconds'] / ours['seconds']:.3f} | {ours['peak_mb']:.0f} | "
+            f"{theirs['peak_mb']:.0f} | {row['identical_hypotheses']} |"
+        )
+    return "\n".join(lines)
 
 
 def sweep_table(rows: List[dict]) -> str:

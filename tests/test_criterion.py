@@ -12,8 +12,10 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 )
 from fairseq.logging import metrics
 
+from user_plugin.criterions.fused_projection_loss import fused_projection_label_smoothed_loss
 from user_plugin.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropy,
+    _fusable_output_weight,
     label_smoothed_loss_from_logits,
 )
 
@@ -87,3 +89,109 @@ def test_paper_default_and_bad_value():
     task = SimpleNamespace(target_dictionary=make_dictionary(10))
     with pytest.raises(ValueError, match="--label-smoothing"):
         LabelSmoothedCrossEntropy(task, sentence_avg=False, label_smoothing=1.5)
+
+
+@pytest.mark.parametrize("eps,chunk_rows", [(0.0, 7), (0.1, 7), (0.1, 1000)])
+def test_fused_projection_loss_equals_logits_then_fairseq_loss(eps, chunk_rows):
+    """Chunked projection + loss: same loss, NLL, argmax count and gradients (h and W)."""
+    torch.manual_seed(3)
+    features = torch.randn(45, 16, requires_grad=True)
+    weight = torch.randn(37, 16, requires_grad=True)
+    target = torch.randint(0, 37, (45,))
+    loss, nll, correct = fused_projection_label_smoothed_loss(
+        features, weight, target, eps, count_correct=True, chunk_rows=chunk_rows
+    )
+    (2.5 * loss).backward()
+    plain_h = features.detach().clone().requires_grad_()
+    plain_w = weight.detach().clone().requires_grad_()
+    logits = plain_h @ plain_w.t()
+    lprobs = torch.log_softmax(logits, dim=-1)
+    theirs, theirs_nll = label_smoothed_nll_loss(lprobs, target, eps, ignore_index=None)
+    (2.5 * theirs).backward()
+    torch.testing.assert_close(loss, theirs, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(nll, theirs_nll, rtol=1e-5, atol=1e-4)
+    assert int(correct) == int(logits.argmax(-1).eq(target).sum())
+    torch.testing.assert_close(features.grad, plain_h.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(weight.grad, plain_w.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_fused_projection_loss_without_gradient_and_in_bf16():
+    torch.manual_seed(4)
+    features, weight = torch.randn(30, 8), torch.randn(21, 8)
+    target = torch.randint(0, 21, (30,))
+    reference, _, _ = fused_projection_label_smoothed_loss(features, weight, target, 0.1)
+    with torch.no_grad():
+        loss, _, _ = fused_projection_label_smoothed_loss(features, weight, target, 0.1)
+    torch.testing.assert_close(loss, reference)
+    leaf_h, leaf_w = features.requires_grad_(), weight.requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low, _, _ = fused_projection_label_smoothed_loss(leaf_h, leaf_w, target, 0.1,
+                                                         chunk_rows=8)
+    low.backward()
+    assert leaf_h.grad.dtype == torch.float32 and leaf_w.grad.dtype == torch.float32
+    torch.testing.assert_close(low, reference, rtol=2e-2, atol=0.0)
+    with pytest.raises(ValueError, match="weight"):
+        fused_projection_label_smoothed_loss(features, weight[:, :4], target, 0.1)
+
+
+def test_criterion_gradients_equal_fairseq_criterion_on_our_model():
+    """The fused path (our model) gives every parameter the gradient fairseq's criterion
+    gives it through the full logits."""
+    torch.manual_seed(5)
+    dictionary = make_dictionary(30)
+    model = build_vaswani(dictionary, "vaswani_base", **TINY)
+    src, src_lengths, prev = random_batch(dictionary, batch=4, src_len=6, tgt_len=5)
+    target = torch.cat([prev[:, 1:], torch.full((4, 1), dictionary.pad())], dim=1)
+    sample = {
+        "net_input": {"src_tokens": src, "src_lengths": src_lengths, "prev_output_tokens": prev},
+        "target": target,
+        "ntokens": int(target.ne(dictionary.pad()).sum()),
+    }
+    task = SimpleNamespace(target_dictionary=dictionary)
+    model.eval()  # no dropout: both passes see the same network
+    grads = []
+    for criterion in (
+        LabelSmoothedCrossEntropy(task, sentence_avg=False, label_smoothing=0.1),
+        LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1),
+    ):
+        model.zero_grad()
+        loss, _, _ = criterion(model, sample)
+        loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    assert _fusable_output_weight(model) is model.decoder.output_projection.weight
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grad, grads[1][name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_a_decoder_with_its_own_output_layer_goes_through_its_logits():
+    """The fused path is only taken for our plain pre-softmax linear; a subclass that changes
+    ``output_layer`` gets the loss of its own logits."""
+    from user_plugin.models.decoder import VaswaniDecoder
+
+    class HalvedLogits(VaswaniDecoder):
+        def output_layer(self, features):
+            return 0.5 * super().output_layer(features)
+
+    torch.manual_seed(6)
+    dictionary = make_dictionary(30)
+    model = build_vaswani(dictionary, "vaswani_base", **TINY).eval()
+    halved = HalvedLogits(model.decoder.cfg, dictionary, model.decoder.embed_tokens)
+    halved.load_state_dict(model.decoder.state_dict())
+    model.decoder = halved
+    assert _fusable_output_weight(model) is None
+    src, src_lengths, prev = random_batch(dictionary, batch=3, src_len=5, tgt_len=4)
+    target = torch.cat([prev[:, 1:], torch.full((3, 1), dictionary.pad())], dim=1)
+    sample = {
+        "net_input": {"src_tokens": src, "src_lengths": src_lengths, "prev_output_tokens": prev},
+        "target": target,
+        "ntokens": int(target.ne(dictionary.pad()).sum()),
+    }
+    task = SimpleNamespace(target_dictionary=dictionary)
+    loss, _, _ = LabelSmoothedCrossEntropy(task, sentence_avg=False, label_smoothing=0.1)(
+        model, sample
+    )
+    logits = model(src, src_lengths, prev)[0]
+    lprobs = torch.log_softmax(logits, dim=-1).view(-1, logits.size(-1))
+    expected, _ = label_smoothed_nll_loss(lprobs, target.view(-1), 0.1,
+                                          ignore_index=dictionary.pad())
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-4)

@@ -13,7 +13,7 @@ token are kept for the backward pass, instead of an extra [tokens x V] tensor.
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from fairseq import utils
@@ -22,6 +22,8 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.logging import metrics
 from omegaconf import II
 from torch import Tensor
+
+from .fused_projection_loss import fused_projection_label_smoothed_loss
 
 CRITERION_NAME = "vaswani_label_smoothed_cross_entropy"
 
@@ -87,6 +89,22 @@ class _LabelSmoothedLoss(torch.autograd.Function):
         return grad.to(logits.dtype), None, None, None
 
 
+def _fusable_output_weight(model) -> Optional[Tensor]:
+    """The pre-softmax weight when ``model``'s decoder is ours with its plain output layer
+    (no adaptive softmax, no overridden ``output_layer``), else None."""
+    from ..models.decoder import VaswaniDecoder
+
+    decoder = getattr(model, "decoder", None)
+    if not isinstance(decoder, VaswaniDecoder):
+        return None
+    if type(decoder).output_layer is not VaswaniDecoder.output_layer:
+        return None
+    projection = decoder.output_projection
+    if not isinstance(projection, torch.nn.Linear) or projection.bias is not None:
+        return None
+    return projection.weight
+
+
 @register_criterion(CRITERION_NAME, dataclass=LabelSmoothedCrossEntropyConfig)
 class LabelSmoothedCrossEntropy(FairseqCriterion):
     def __init__(
@@ -100,13 +118,30 @@ class LabelSmoothedCrossEntropy(FairseqCriterion):
         self.report_accuracy = report_accuracy
 
     def forward(self, model, sample: Dict, reduce: bool = True):
-        """Loss of one batch, its sample size (tokens or sentences) and logging outputs."""
-        net_output = model(**sample["net_input"])
-        target = model.get_targets(sample, net_output).reshape(-1)
-        logits = self._logits(model, net_output)
-        loss, nll_loss = label_smoothed_loss_from_logits(
-            logits, target, self.eps, self.padding_idx
-        )
+        """Loss of one batch, its sample size (tokens or sentences) and logging outputs.
+
+        For our decoder, the pre-softmax linear and the loss run fused over the non-pad target
+        positions (:mod:`~user_plugin.criterions.fused_projection_loss`); any other model goes
+        through its logits.
+        """
+        weight = _fusable_output_weight(model) if reduce else None
+        if weight is not None:
+            features, extra = model(**sample["net_input"], features_only=True)
+            target = model.get_targets(sample, (features, extra)).reshape(-1)
+            keep = target.ne(self.padding_idx)
+            loss, nll_loss, correct = fused_projection_label_smoothed_loss(
+                features.reshape(-1, features.size(-1))[keep], weight, target[keep], self.eps,
+                count_correct=self.report_accuracy,
+            )
+        else:
+            net_output = model(**sample["net_input"])
+            target = model.get_targets(sample, net_output).reshape(-1)
+            logits = self._logits(model, net_output)
+            keep = target.ne(self.padding_idx)
+            loss, nll_loss = label_smoothed_loss_from_logits(
+                logits, target, self.eps, self.padding_idx
+            )
+            correct = (logits.argmax(dim=-1).eq(target) & keep).sum()
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
         logging_output = {
             "loss": loss.data,
@@ -116,9 +151,7 @@ class LabelSmoothedCrossEntropy(FairseqCriterion):
             "sample_size": sample_size,
         }
         if self.report_accuracy:
-            keep = target.ne(self.padding_idx)
-            correct = logits.argmax(dim=-1).eq(target) & keep
-            logging_output["n_correct"] = utils.item(correct.sum())
+            logging_output["n_correct"] = utils.item(correct)
             logging_output["total"] = utils.item(keep.sum())
         return loss, sample_size, logging_output
 

@@ -17,7 +17,12 @@ import torch.nn.functional as F
 from fairseq.models import FairseqIncrementalDecoder
 from torch import Tensor, nn
 
-from ..modules.attention import IncrementalState, causal_mask, key_padding_to_attn_mask
+from ..modules.attention import (
+    IncrementalState,
+    causal_mask,
+    identical_row_groups,
+    key_padding_to_attn_mask,
+)
 from ..modules.decoder_layer import DecoderLayer
 from ..modules.positional_encoding import build_positional_encoding, check_length, token_positions
 
@@ -100,6 +105,9 @@ class VaswaniDecoder(FairseqIncrementalDecoder):
             if len(padding) > 0 and padding[0].any():
                 enc_mask = key_padding_to_attn_mask(padding[0])
 
+        beam_group = None
+        if incremental_state is not None:
+            beam_group = self._beam_group(incremental_state, encoder_out, enc, enc_mask)
         states: List[Tensor] = [x]
         attentions: List[Dict[str, Optional[Tensor]]] = []
         for layer in self.layers:
@@ -110,6 +118,7 @@ class VaswaniDecoder(FairseqIncrementalDecoder):
                 self_attn_mask=self_attn_mask,
                 incremental_state=incremental_state,
                 need_weights=need_attn,
+                beam_group=beam_group,
             )
             states.append(x)
             attentions.append(weights)
@@ -126,6 +135,27 @@ class VaswaniDecoder(FairseqIncrementalDecoder):
         if need_attn:
             extra["layer_attn"] = attentions
         return x, extra
+
+    def _beam_group(
+        self,
+        incremental_state: IncrementalState,
+        encoder_out: Optional[Dict[str, List[Tensor]]],
+        enc: Optional[Tensor],
+        enc_mask: Optional[Tensor],
+    ) -> int:
+        """Hypotheses per sentence (consecutive rows with the same encoder output), found on
+        the first decoding step and kept: from the encoder's beam expansion when it recorded
+        one (``beam_group``), else by comparing encoder rows; 1 without an encoder."""
+        state = self.get_incremental_state(incremental_state, "beam")
+        if state:
+            return state["group"]
+        group = 1
+        if encoder_out is not None and encoder_out.get("beam_group"):
+            group = int(encoder_out["beam_group"][0])
+        elif enc is not None:
+            group = identical_row_groups(enc, enc_mask)
+        self.set_incremental_state(incremental_state, "beam", {"group": group})
+        return group
 
     def _self_attention_mask(self, tokens: Tensor) -> Optional[Tensor]:
         """None (plain causal mask) unless a pad is followed by a real token in some row.

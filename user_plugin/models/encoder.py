@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Dict, List, Optional
 
+import torch
 import torch.nn.functional as F
 from fairseq.models import FairseqEncoder
 from torch import Tensor, nn
@@ -79,11 +80,56 @@ class VaswaniEncoder(FairseqEncoder):
         return out
 
     def reorder_encoder_out(self, encoder_out: EncoderOut, new_order: Tensor) -> EncoderOut:
-        """Select batch rows ``new_order`` of every batch-first tensor (beam search)."""
-        return {
+        """Select batch rows ``new_order`` of every batch-first tensor (beam search).
+
+        Beam search first expands each sentence into ``beam`` consecutive copies; that expansion
+        is recorded (``encoder_out["beam_group"]``). Later reorders that keep every hypothesis
+        among the copies of its own sentence then change nothing and copy nothing; only
+        sentences leaving the batch cost a selection.
+        """
+        rows = _batch_rows(encoder_out)
+        group = int(encoder_out["beam_group"][0]) if encoder_out.get("beam_group") else 0
+        if group and _within_groups(new_order, group):
+            sentences = new_order[::group].div(group, rounding_mode="floor")
+            if sentences.numel() * group == rows and bool(
+                sentences.eq(torch.arange(sentences.numel(), device=sentences.device)).all()
+            ):
+                return encoder_out
+        else:
+            group = _expansion_group(new_order, rows)
+        reordered = {
             key: [t.index_select(0, new_order) for t in tensors]
             for key, tensors in encoder_out.items()
+            if key != "beam_group"
         }
+        if group > 1:
+            reordered["beam_group"] = [torch.tensor(group)]
+        return reordered
 
     def max_positions(self) -> int:
         return self.cfg.max_source_positions
+
+
+def _batch_rows(encoder_out: EncoderOut) -> int:
+    for key in ("encoder_out", "encoder_padding_mask"):
+        if encoder_out.get(key):
+            return encoder_out[key][0].size(0)
+    return -1
+
+
+def _within_groups(new_order: Tensor, group: int) -> bool:
+    """Every consecutive ``group`` rows of ``new_order`` come from one sentence's copies."""
+    if new_order.numel() % group:
+        return False
+    by_sentence = new_order.view(-1, group).div(group, rounding_mode="floor")
+    return bool(by_sentence.eq(by_sentence[:, :1]).all())
+
+
+def _expansion_group(new_order: Tensor, rows: int) -> int:
+    """``g`` if ``new_order`` repeats each of the ``rows`` sentences ``g`` times in a row (the
+    beam expansion), else 0."""
+    if rows <= 0 or new_order.numel() % rows or new_order.numel() == rows:
+        return 0
+    group = new_order.numel() // rows
+    expected = torch.arange(rows, device=new_order.device).repeat_interleave(group)
+    return group if torch.equal(new_order, expected) else 0

@@ -26,6 +26,8 @@ import torch.nn.functional as F
 from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor, nn
 
+from .beam_cache import BeamSelfAttentionCache
+
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
 
@@ -91,39 +93,40 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool = False,
         incremental_state: Optional[IncrementalState] = None,
         need_weights: bool = False,
+        beam_group: Optional[int] = None,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """Attend from ``query`` [B, T, C] to ``key_value`` [B, S, C].
 
         Args:
             attn_mask: boolean, broadcastable to [B, h, T, S], True where attending is allowed.
             is_causal: position i attends to positions <= i (decoder self-attention, §3.2.3).
-            incremental_state: cache for step-by-step decoding. Self-attention appends the
-                new step's key and value; encoder-decoder attention computes them on the
-                first step and reuses them (``key_value`` may then be None).
+            incremental_state: cache for step-by-step decoding (one query step per call).
+                Self-attention keeps each step's key and value in a
+                :class:`~user_plugin.modules.beam_cache.BeamSelfAttentionCache`;
+                encoder-decoder attention computes them on the first step and reuses them
+                (``key_value`` may then be None).
             need_weights: also return the attention probabilities [B, h, T, S].
+            beam_group: with ``incremental_state``, the rows come as groups of this many
+                consecutive hypotheses of one sentence (the beam), whose encoder outputs are
+                identical. None: detected from the encoder output on the first step.
         """
         cache = self._get_cache(incremental_state)
+        if cache is not None and not self.encoder_decoder:
+            return self._attend_incremental(query, key_value, cache, incremental_state,
+                                            beam_group, need_weights)
         q = self._split_heads(self.q_proj(query), self.key_dim)
-        if self.encoder_decoder and cache is not None:
+        if cache is not None:  # encoder-decoder attention, decoding step by step
             if "key" not in cache:
                 assert key_value is not None, "keys and values are needed on the first step"
-                cache = self._encoder_cache(key_value, attn_mask)
+                cache = self._encoder_cache(key_value, attn_mask, beam_group)
                 self._set_cache(incremental_state, cache)
             if not need_weights and q.size(2) == 1 and cache["rows"] is None:
                 return self._attend_per_sentence(q, cache), None
             k, v, attn_mask = _rows_of(cache)
         else:
-            assert key_value is not None, "keys and values are needed on the first step"
+            assert key_value is not None, "keys and values are needed"
             k = self._split_heads(self.k_proj(key_value), self.key_dim)
             v = self._split_heads(self.v_proj(key_value), self.value_dim)
-            if cache is not None and "key" in cache:
-                k = torch.cat([cache["key"], k], dim=2)
-                v = torch.cat([cache["value"], v], dim=2)
-            if cache is not None:
-                self._set_cache(incremental_state, {"key": k, "value": v})
-        if incremental_state is not None and not self.encoder_decoder:
-            # One query step sees every cached position: the causal mask is implicit.
-            is_causal = False
 
         dropout_p = self.dropout if self.training else 0.0
         if need_weights:
@@ -135,6 +138,29 @@ class MultiHeadAttention(nn.Module):
             weights = None
         return self._merge_heads(context), weights
 
+    def _attend_incremental(
+        self,
+        query: Tensor,
+        key_value: Optional[Tensor],
+        cache: Dict,
+        incremental_state: IncrementalState,
+        beam_group: Optional[int],
+        need_weights: bool,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """Self-attention of the newest step: store its key and value, attend to the prefix.
+
+        The causal mask (§3.2.3) is implicit: the cache only holds earlier steps.
+        """
+        beam = cache.get("beam")
+        if beam is None:
+            beam = BeamSelfAttentionCache(beam_group or 1, self.num_heads, self.key_dim,
+                                          self.value_dim)
+            self._set_cache(incremental_state, {"beam": beam})
+        source = query if key_value is None else key_value
+        beam.append(self.k_proj(source), self.v_proj(source))
+        context, weights = beam.attend(self.q_proj(query), need_weights)
+        return self.out_proj(context), weights
+
     def _merge_heads(self, context: Tensor) -> Tensor:
         """[B, h, T, d_v] -> output projection of [B, T, h * d_v]."""
         batch, _, time, _ = context.shape
@@ -143,15 +169,18 @@ class MultiHeadAttention(nn.Module):
 
     # -- encoder-decoder attention while decoding: keys and values once per sentence -------
 
-    def _encoder_cache(self, encoder_out: Tensor, attn_mask: Optional[Tensor]) -> Dict:
+    def _encoder_cache(
+        self, encoder_out: Tensor, attn_mask: Optional[Tensor], group: Optional[int]
+    ) -> Dict:
         """Keys and values of the distinct sentences of ``encoder_out`` [rows, S, C].
 
         Beam search hands the decoder ``beam`` identical copies of each sentence's encoder
-        output, in consecutive rows. They are detected (``group`` copies per sentence) and the
-        keys and values are computed and stored once per sentence; ``rows`` (None while row
-        ``r`` belongs to sentence ``r // group``) maps decoder rows to stored sentences.
+        output, in consecutive rows (``group`` copies per sentence, detected when not given).
+        The keys and values are computed and stored once per sentence; ``rows`` (None while
+        row ``r`` belongs to sentence ``r // group``) maps decoder rows to stored sentences.
         """
-        group = _identical_row_groups(encoder_out, attn_mask)
+        if group is None or group < 1 or encoder_out.size(0) % group:
+            group = identical_row_groups(encoder_out, attn_mask)
         sentences = encoder_out[::group]
         mask = None if attn_mask is None else attn_mask[::group]
         return {
@@ -188,12 +217,16 @@ class MultiHeadAttention(nn.Module):
     ) -> IncrementalState:
         """Follow beam search: keep the cached keys/values of the hypotheses in ``new_order``.
 
+        Self-attention keys and values are not copied (see ``BeamSelfAttentionCache``).
         Encoder-decoder keys and values are stored per sentence: only the row -> sentence map
         follows ``new_order``, and the stored sentences are selected only when some leave the
         batch (or the rows stop being grouped by sentence).
         """
         cache = self.get_incremental_state(incremental_state, "attn_cache")
         if not cache:
+            return incremental_state
+        if "beam" in cache:
+            cache["beam"].reorder(new_order)
             return incremental_state
         if "group" in cache:
             reordered = _reorder_sentence_cache(cache, new_order)
@@ -203,7 +236,7 @@ class MultiHeadAttention(nn.Module):
         return incremental_state
 
 
-def _identical_row_groups(encoder_out: Tensor, attn_mask: Optional[Tensor]) -> int:
+def identical_row_groups(encoder_out: Tensor, attn_mask: Optional[Tensor]) -> int:
     """The number ``g`` of consecutive identical rows per sentence (1 if rows are not grouped)."""
     rows = encoder_out.size(0)
     if rows < 2:

@@ -66,11 +66,14 @@ class DecoderLayer(nn.Module):
         causal: bool = True,
         incremental_state: Optional[IncrementalState] = None,
         need_weights: bool = False,
+        beam_group: Optional[int] = None,
     ) -> Tuple[Tensor, Dict[str, Optional[Tensor]]]:
         """y: [B, T, C]; encoder_out: [B, S, C]; encoder_mask: [B, 1, 1, S] (True = real token).
 
         ``self_attn_mask`` replaces the plain causal mask when the target batch has padding
-        that is not at the end. Returns the output and, if asked, the attention probabilities.
+        that is not at the end. ``beam_group`` (incremental decoding): hypotheses per
+        sentence in consecutive rows, passed to both attentions' caches. Returns the output
+        and, if asked, the attention probabilities.
         """
         h = self.self_attn_residual.sublayer_input(y)
         attended, self_weights = self.self_attn(
@@ -80,6 +83,7 @@ class DecoderLayer(nn.Module):
             is_causal=causal and self_attn_mask is None,
             incremental_state=incremental_state,
             need_weights=need_weights,
+            beam_group=beam_group,
         )
         y = self.self_attn_residual(y, attended)
 
@@ -90,6 +94,7 @@ class DecoderLayer(nn.Module):
             attn_mask=encoder_mask,
             incremental_state=incremental_state,
             need_weights=need_weights,
+            beam_group=beam_group,
         )
         y = self.encoder_attn_residual(y, attended)
 

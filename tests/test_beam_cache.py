@@ -1,0 +1,132 @@
+"""Beam-search caches (§3.2.3, §6.1): same outputs as a full forward, no copies on reorders."""
+
+import pytest
+import torch
+from conftest import TINY, build_vaswani, make_dictionary, random_batch
+
+from user_plugin.modules import beam_cache
+from user_plugin.modules.beam_cache import BeamSelfAttentionCache
+
+
+def tiny_model(seed=0):
+    torch.manual_seed(seed)
+    dictionary = make_dictionary(40)
+    return dictionary, build_vaswani(dictionary, "vaswani_base", **TINY).eval()
+
+
+def self_attention_caches(model, state):
+    caches = []
+    for layer in model.decoder.layers:
+        cache = layer.self_attn.get_incremental_state(state, "attn_cache")
+        caches.append(cache["beam"])
+    return caches
+
+
+def test_beam_search_reorders_follow_the_full_forward(monkeypatch):
+    """Three sentences x beam 3, expanded the way fairseq's SequenceGenerator does. Reorders
+    inside sentences, a sentence leaving the batch, then a reorder across sentences (the
+    fallback); a small initial capacity makes the buffers grow. Every step's logits equal the
+    full forward of each hypothesis' own prefix."""
+    monkeypatch.setattr(beam_cache, "INITIAL_CAPACITY", 2)
+    dictionary, model = tiny_model()
+    beam, steps = 3, 9
+    src, src_lengths, _ = random_batch(dictionary, batch=3, src_len=6, tgt_len=2)
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        encoder_out = model.encoder(src, src_lengths)
+        expand = torch.arange(3).repeat_interleave(beam)
+        encoder_out = model.encoder.reorder_encoder_out(encoder_out, expand)
+        assert int(encoder_out["beam_group"][0]) == beam
+        sentence_of_row = expand.clone()
+        prefixes = torch.full((9, 1), dictionary.eos())
+        state = {}
+        for step in range(steps):
+            logits, _ = model.decoder(prefixes, encoder_out, incremental_state=state)
+            full, _ = model(src[sentence_of_row], src_lengths[sentence_of_row], prefixes)
+            torch.testing.assert_close(logits[:, 0], full[:, -1], atol=1e-5, rtol=1e-5)
+            rows = prefixes.size(0)
+            if step == 4:  # sentence 1 finishes: rows of sentences 0 and 2 remain, reordered
+                groups = torch.tensor([0, 2])
+            else:
+                groups = torch.arange(rows // beam)
+            within = torch.randint(0, beam, (groups.numel(), beam), generator=gen)
+            new_order = (groups[:, None] * beam + within).reshape(-1)
+            if step == 6:  # hypotheses move across sentences: every cache falls back
+                new_order = new_order.roll(1)
+            before = encoder_out
+            model.decoder.reorder_incremental_state_scripting(state, new_order)
+            encoder_out = model.encoder.reorder_encoder_out(encoder_out, new_order)
+            if step in (0, 1, 2, 3):  # inside sentences: nothing copied
+                assert encoder_out is before
+            sentence_of_row = sentence_of_row[new_order]
+            next_tokens = torch.randint(4, len(dictionary), (new_order.numel(), 1), generator=gen)
+            prefixes = torch.cat([prefixes[new_order], next_tokens], dim=1)
+        caches = self_attention_caches(model, state)
+        assert all(cache.group == 1 for cache in caches)  # fell back at step 6
+        assert all(cache.keys.size(1) >= steps for cache in caches)
+
+
+def test_reorders_inside_sentences_copy_no_keys():
+    dictionary, model = tiny_model(seed=1)
+    src, src_lengths, _ = random_batch(dictionary, batch=2, src_len=5, tgt_len=2)
+    with torch.no_grad():
+        encoder_out = model.encoder.reorder_encoder_out(
+            model.encoder(src, src_lengths), torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+        )
+        state = {}
+        prefixes = torch.full((8, 1), dictionary.eos())
+        model.decoder(prefixes, encoder_out, incremental_state=state)
+        caches = self_attention_caches(model, state)
+        assert [cache.group for cache in caches] == [4] * len(caches)
+        pointers = [cache.keys.data_ptr() for cache in caches]
+        model.decoder.reorder_incremental_state_scripting(
+            state, torch.tensor([3, 3, 1, 0, 6, 4, 4, 5])
+        )
+        assert [cache.keys.data_ptr() for cache in caches] == pointers
+        assert caches[0].ancestry[:, 0].tolist() == [3, 3, 1, 0, 2, 0, 0, 1]
+        model.decoder(prefixes, encoder_out, incremental_state=state)
+        assert caches[0].ancestry[:, :2].tolist() == [
+            [3, 0], [3, 1], [1, 2], [0, 3], [2, 0], [0, 1], [0, 2], [1, 3]
+        ]
+
+
+def test_attention_weights_are_each_hypothesis_own_prefix():
+    torch.manual_seed(2)
+    heads, dim, sentences, group, steps = 2, 8, 2, 3, 5
+    cache = BeamSelfAttentionCache(group, heads, dim // heads, dim // heads)
+    rows = sentences * group
+    own_keys, own_values = [], []  # per-row prefixes, copied the classic way
+    for step in range(steps):
+        key, value = torch.randn(rows, 1, dim), torch.randn(rows, 1, dim)
+        cache.append(key, value)
+        own_keys.append(key)
+        own_values.append(value)
+        if step < steps - 1:
+            order = (torch.arange(sentences)[:, None] * group
+                     + torch.randint(0, group, (sentences, group))).reshape(-1)
+            cache.reorder(order)
+            own_keys = [k[order] for k in own_keys]
+            own_values = [v[order] for v in own_values]
+    query = torch.randn(rows, 1, dim)
+    context, weights = cache.attend(query, need_weights=True)
+    fast, none = cache.attend(query)
+    assert none is None
+    keys = torch.cat(own_keys, 1).view(rows, steps, heads, -1).transpose(1, 2)
+    values = torch.cat(own_values, 1).view(rows, steps, heads, -1).transpose(1, 2)
+    q = query.view(rows, 1, heads, -1).transpose(1, 2)
+    probs = torch.softmax(q @ keys.transpose(-1, -2) / (dim // heads) ** 0.5, dim=-1)
+    expected = (probs @ values).transpose(1, 2).reshape(rows, 1, dim)
+    torch.testing.assert_close(weights, probs)
+    torch.testing.assert_close(context, expected)
+    torch.testing.assert_close(fast, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_one_step_at_a_time_and_batch_changes_must_be_reordered():
+    cache = BeamSelfAttentionCache(2, 2, 4, 4)
+    with pytest.raises(ValueError, match="one step at a time"):
+        cache.append(torch.randn(4, 2, 8), torch.randn(4, 2, 8))
+    cache.append(torch.randn(4, 1, 8), torch.randn(4, 1, 8))
+    with pytest.raises(ValueError, match="reorder_incremental_state"):
+        cache.append(torch.randn(2, 1, 8), torch.randn(2, 1, 8))
+    with pytest.raises(ValueError, match="group"):
+        BeamSelfAttentionCache(0, 2, 4, 4)
