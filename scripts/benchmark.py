@@ -11,10 +11,13 @@ which model goes first on every repeat:
 
 * training: target tokens/s of forward + backward + optimizer step, and peak memory;
 * decoding: beam search (beam 4, output limit = padded source width + 50, §6.1) through fairseq's
-  plain ``SequenceGenerator`` for both models, sentences/s and generated tokens/s. For decoding,
-  the built-in model uses our positional encoding (§3.5, interleaved sine/cosine) so that both
-  produce the same hypotheses, which the benchmark checks;
-* a sweep over sentence length (training step time and memory at a fixed token budget).
+  plain ``SequenceGenerator`` for both models, sentences/s and generated tokens/s;
+* a sweep over sentence length (training step time and memory at a fixed token budget);
+* a sweep over output length (beam search made to produce exactly L tokens).
+
+The built-in model is given our positional encoding (§3.5, interleaved sine/cosine; fairseq's
+concatenates the sines and cosines), so that both models compute the same function: the same
+first training loss without dropout, and the same hypotheses, which the benchmark checks.
 
 Peak memory: on CPU the peak resident set size of the subprocess (``getrusage`` maxrss) and its
 growth over the resident size before the measured work; on a GPU
@@ -300,12 +303,12 @@ def sweep_batch(train_pairs, length: int, sentences: int, eos: int) -> list:
 
 
 class LastStepPositions(nn.Module):
-    """Our §3.5 encoding behind fairseq's positional-module interface (used for decoding), that
-    computes only the newest position when decoding incrementally."""
+    """Our §3.5 encoding behind fairseq's positional-module interface (given to the built-in
+    model), that computes only the newest position when decoding incrementally."""
 
     def __init__(self, table: torch.Tensor, padding_idx: int) -> None:
         super().__init__()
-        self.table = table
+        self.register_buffer("table", table, persistent=False)
         self.padding_idx = padding_idx
         self.max_positions = table.size(0)
 
@@ -412,6 +415,12 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
 
         model = build_fairseq_transformer(None, task, cfg)
     model.load_state_dict(torch.load(work / f"{impl}.pt"))
+    if impl == "builtin":  # our §3.5 table, so that both models compute the same function
+        from user_plugin.modules.positional_encoding import sinusoidal_table
+
+        table = sinusoidal_table(max_positions(args), model.encoder.embed_tokens.embedding_dim)
+        for side in (model.encoder, model.decoder):
+            side.embed_positions = LastStepPositions(table, dictionary.pad())
     model.to(device)
     amp_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
 
@@ -488,16 +497,11 @@ def train_measure(args, model, task, impl, cfg, vocab, device, autocast, warmup,
 def decode_measure(args, model, dictionary, impl, test_pairs, device, autocast,
                    output_length: Optional[int] = None):
     """Beam search over the test sentences; with ``output_length``, the first
-    ``--decode-sweep-sentences`` of them in one batch, every hypothesis exactly that long."""
+    ``--decode-sweep-sentences`` of them in one batch, every hypothesis exactly that long
+    (median time of ``--sweep-steps`` passes)."""
     from fairseq.sequence_generator import SequenceGenerator
 
     model.eval()
-    if impl == "builtin":
-        from user_plugin.modules.positional_encoding import sinusoidal_table
-
-        table = sinusoidal_table(max_positions(args), model.encoder.embed_tokens.embedding_dim)
-        for side in (model.encoder, model.decoder):
-            side.embed_positions = LastStepPositions(table.to(device), dictionary.pad())
     if output_length is None:
         generator = SequenceGenerator([model], dictionary, beam_size=args.beam, max_len_a=1,
                                       max_len_b=args.max_len_b)
@@ -520,18 +524,22 @@ def decode_measure(args, model, dictionary, impl, test_pairs, device, autocast,
 
     run(samples[0])  # warm-up
     memory = MemoryMeter(device)
-    digest = hashlib.sha256()
-    sentences = tokens = 0
-    sync(device)
-    start = time.perf_counter()
-    for sample in samples:
-        for hypos in run(sample):
-            best = hypos[0]["tokens"]
-            digest.update(bytes(str(best.tolist()), "ascii"))
-            sentences += 1
-            tokens += best.numel()
-    sync(device)
-    seconds = time.perf_counter() - start
+    passes = 1 if output_length is None else args.sweep_steps  # sweep: median of passes
+    times = []
+    for _ in range(passes):
+        digest = hashlib.sha256()
+        sentences = tokens = 0
+        sync(device)
+        start = time.perf_counter()
+        for sample in samples:
+            for hypos in run(sample):
+                best = hypos[0]["tokens"]
+                digest.update(bytes(str(best.tolist()), "ascii"))
+                sentences += 1
+                tokens += best.numel()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
     return {"seconds": seconds, "sentences": sentences, "tokens": tokens,
             "sentences_per_s": sentences / seconds, "tokens_per_s": tokens / seconds,
             "hypotheses_sha256": digest.hexdigest()[:16], **memory.result()}
@@ -571,15 +579,11 @@ def fmt(value: float) -> str:
 
 
 def table(rows: List[tuple]) -> str:
-    lines = ["| measure | ours | built-in | ours / built-in | noise ours / built-in |",
-             "| --- | --- | --- | --- | --- |"]
-    for name, summary in rows:
-        lines.append(
-            f"| {name} | {fmt(summary['ours'])} | {fmt(summary['builtin'])} | "
-            f"{summary['ratio']:.3f} | {summary['ours_noise']:.1%} / "
-            f"{summary['builtin_noise']:.1%} |"
-        )
-    return "\n".join(lines)
+    header = ("measure", "ours", "built-in", "ours / built-in", "noise ours / built-in")
+    body = [(name, fmt(summary["ours"]), fmt(summary["builtin"]), f"{summary['ratio']:.3f}",
+             f"{summary['ours_noise']:.1%} / {summary['builtin_noise']:.1%}")
+            for name, summary in rows]
+    return markdown_table(header, body)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -685,33 +689,35 @@ def run_decode_sweep(args, argv_spec, work: Path) -> List[dict]:
     return rows
 
 
+def markdown_table(header: Sequence[str], body: Sequence[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in body]
+    return "\n".join(lines)
+
+
 def decode_sweep_table(rows: List[dict]) -> str:
-    lines = ["| output length | seconds ours | seconds built-in | speed-up | peak MB ours | "
-             "peak MB built-in | identical |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    header = ("output length", "seconds ours", "seconds built-in", "speed-up", "peak MB ours",
+              "peak MB built-in", "identical")
+    body = []
     for row in rows:
         ours, theirs = row["ours"], row["builtin"]
-        lines.append(
-            f"| {row['length']} | {ours['seconds']:.2f} | {theirs['seconds']:.2f} | "
-            f"{theirs['seconds'] / ours['seconds']:.3f} | {ours['peak_mb']:.0f} | "
-            f"{theirs['peak_mb']:.0f} | {row['identical_hypotheses']} |"
-        )
-    return "\n".join(lines)
+        body.append((row["length"], f"{ours['seconds']:.2f}", f"{theirs['seconds']:.2f}",
+                     f"{theirs['seconds'] / ours['seconds']:.3f}", f"{ours['peak_mb']:.0f}",
+                     f"{theirs['peak_mb']:.0f}", row["identical_hypotheses"]))
+    return markdown_table(header, body)
 
 
 def sweep_table(rows: List[dict]) -> str:
-    lines = ["| length | sentences | step ms ours | step ms built-in | ratio | "
-             "peak MB ours | peak MB built-in | growth MB ours | growth MB built-in |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    header = ("length", "sentences", "step ms ours", "step ms built-in", "ratio", "peak MB ours",
+              "peak MB built-in", "growth MB ours", "growth MB built-in")
+    body = []
     for row in rows:
         ours, theirs = row["ours"], row["builtin"]
-        lines.append(
-            f"| {row['length']} | {row['sentences']} | {ours['step_ms']:.0f} | "
-            f"{theirs['step_ms']:.0f} | {ours['step_ms'] / theirs['step_ms']:.3f} | "
-            f"{ours['peak_mb']:.0f} | {theirs['peak_mb']:.0f} | {ours['growth_mb']:.0f} | "
-            f"{theirs['growth_mb']:.0f} |"
-        )
-    return "\n".join(lines)
+        body.append((row["length"], row["sentences"], f"{ours['step_ms']:.0f}",
+                     f"{theirs['step_ms']:.0f}", f"{ours['step_ms'] / theirs['step_ms']:.3f}",
+                     f"{ours['peak_mb']:.0f}", f"{theirs['peak_mb']:.0f}",
+                     f"{ours['growth_mb']:.0f}", f"{theirs['growth_mb']:.0f}"))
+    return markdown_table(header, body)
 
 
 def machine_info(args) -> Dict[str, Any]:

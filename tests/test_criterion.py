@@ -20,6 +20,14 @@ from user_plugin.criterions.label_smoothed_cross_entropy import (
 )
 
 
+def make_sample(dictionary, src, src_lengths, prev, target):
+    return {
+        "net_input": {"src_tokens": src, "src_lengths": src_lengths, "prev_output_tokens": prev},
+        "target": target,
+        "ntokens": int(target.ne(dictionary.pad()).sum()),
+    }
+
+
 @pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
 def test_loss_and_gradient_equal_fairseq_formula_on_random_logits(eps):
     torch.manual_seed(0)
@@ -54,11 +62,7 @@ def test_criterion_matches_fairseq_criterion_on_a_model_batch_and_logs_the_same(
     target = torch.cat([prev[:, 1:], torch.full((4, 1), dictionary.pad())], dim=1)
     target[:, -1] = torch.where(prev[:, -1].eq(dictionary.pad()), dictionary.pad(),
                                 dictionary.eos())
-    sample = {
-        "net_input": {"src_tokens": src, "src_lengths": src_lengths, "prev_output_tokens": prev},
-        "target": target,
-        "ntokens": int(target.ne(dictionary.pad()).sum()),
-    }
+    sample = make_sample(dictionary, src, src_lengths, prev, target)
     task = SimpleNamespace(target_dictionary=dictionary)
     ours = LabelSmoothedCrossEntropy(task, sentence_avg=False, label_smoothing=0.1,
                                      report_accuracy=True)
@@ -142,11 +146,7 @@ def test_criterion_gradients_equal_fairseq_criterion_on_our_model():
     model = build_vaswani(dictionary, "vaswani_base", **TINY)
     src, src_lengths, prev = random_batch(dictionary, batch=4, src_len=6, tgt_len=5)
     target = torch.cat([prev[:, 1:], torch.full((4, 1), dictionary.pad())], dim=1)
-    sample = {
-        "net_input": {"src_tokens": src, "src_lengths": src_lengths, "prev_output_tokens": prev},
-        "target": target,
-        "ntokens": int(target.ne(dictionary.pad()).sum()),
-    }
+    sample = make_sample(dictionary, src, src_lengths, prev, target)
     task = SimpleNamespace(target_dictionary=dictionary)
     model.eval()  # no dropout: both passes see the same network
     grads = []
@@ -181,11 +181,7 @@ def test_a_decoder_with_its_own_output_layer_goes_through_its_logits():
     assert _fusable_output_weight(model) is None
     src, src_lengths, prev = random_batch(dictionary, batch=3, src_len=5, tgt_len=4)
     target = torch.cat([prev[:, 1:], torch.full((3, 1), dictionary.pad())], dim=1)
-    sample = {
-        "net_input": {"src_tokens": src, "src_lengths": src_lengths, "prev_output_tokens": prev},
-        "target": target,
-        "ntokens": int(target.ne(dictionary.pad()).sum()),
-    }
+    sample = make_sample(dictionary, src, src_lengths, prev, target)
     task = SimpleNamespace(target_dictionary=dictionary)
     loss, _, _ = LabelSmoothedCrossEntropy(task, sentence_avg=False, label_smoothing=0.1)(
         model, sample
@@ -195,3 +191,16 @@ def test_a_decoder_with_its_own_output_layer_goes_through_its_logits():
     expected, _ = label_smoothed_nll_loss(lprobs, target.view(-1), 0.1,
                                           ignore_index=dictionary.pad())
     torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-4)
+
+
+def test_float16_gradients_are_not_fused():
+    """fp16 loss scaling must scale dL/dz before it is cast to float16: no fused pass then
+    (bf16, which has float32's range, is fused: see the test above)."""
+    torch.manual_seed(7)
+    model = build_vaswani(make_dictionary(20), "vaswani_base", **TINY)
+    assert _fusable_output_weight(model) is model.decoder.output_projection.weight
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert _fusable_output_weight(model) is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert _fusable_output_weight(model) is not None
+    assert _fusable_output_weight(model.half()) is None

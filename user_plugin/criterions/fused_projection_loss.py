@@ -16,6 +16,8 @@ The loss is the one of :mod:`user_plugin.criterions.label_smoothed_cross_entropy
 (fairseq's definition): with ``a = 1 - eps - eps/(V-1)`` and ``b = eps/(V-1)``, each row adds
 ``a (lse - z_y) + b (V lse - sum_v z_v)`` and ``dL/dz_v = (a + bV) softmax(z)_v - b - a [v = y]``.
 Pad rows must be removed by the caller (they contribute nothing and cost a full row of logits).
+The gradients are formed before the loss scale of float16 training is known, so the criterion
+does not use this with float16 weights or float16 autocast (bfloat16 is fine).
 """
 
 from typing import Optional, Tuple

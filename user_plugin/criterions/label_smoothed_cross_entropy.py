@@ -91,7 +91,8 @@ class _LabelSmoothedLoss(torch.autograd.Function):
 
 def _fusable_output_weight(model) -> Optional[Tensor]:
     """The pre-softmax weight when ``model``'s decoder is ours with its plain output layer
-    (no adaptive softmax, no overridden ``output_layer``), else None."""
+    (no adaptive softmax, no overridden ``output_layer``) and gradients are not float16,
+    else None."""
     from ..models.decoder import VaswaniDecoder
 
     decoder = getattr(model, "decoder", None)
@@ -102,7 +103,15 @@ def _fusable_output_weight(model) -> Optional[Tensor]:
     projection = decoder.output_projection
     if not isinstance(projection, torch.nn.Linear) or projection.bias is not None:
         return None
-    return projection.weight
+    weight = projection.weight
+    device = weight.device.type
+    autocast_fp16 = (torch.is_autocast_enabled(device)
+                     and torch.get_autocast_dtype(device) == torch.float16)
+    if weight.dtype == torch.float16 or autocast_fp16:
+        # the fused pass forms dL/dz before the loss scale is known: small float16 gradients
+        # would underflow, which fp16 loss scaling exists to prevent
+        return None
+    return weight
 
 
 @register_criterion(CRITERION_NAME, dataclass=LabelSmoothedCrossEntropyConfig)

@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+# steps stored before the first doubling: most translations are shorter, so the buffers rarely
+# grow (each growth copies them); on a CPU, pages of the unused tail are never touched
 INITIAL_CAPACITY = 128
 
 
