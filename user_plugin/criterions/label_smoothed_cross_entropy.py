@@ -150,7 +150,8 @@ class LabelSmoothedCrossEntropy(FairseqCriterion):
             loss, nll_loss = label_smoothed_loss_from_logits(
                 logits, target, self.eps, self.padding_idx
             )
-            correct = (logits.argmax(dim=-1).eq(target) & keep).sum()
+            if self.report_accuracy:
+                correct = (logits.argmax(dim=-1).eq(target) & keep).sum()
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
         logging_output = {
             "loss": loss.data,

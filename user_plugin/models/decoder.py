@@ -17,12 +17,8 @@ import torch.nn.functional as F
 from fairseq.models import FairseqIncrementalDecoder
 from torch import Tensor, nn
 
-from ..modules.attention import (
-    IncrementalState,
-    causal_mask,
-    identical_row_groups,
-    key_padding_to_attn_mask,
-)
+from ..modules.attention import IncrementalState, causal_mask, key_padding_to_attn_mask
+from ..modules.beam_groups import identical_row_groups
 from ..modules.decoder_layer import DecoderLayer
 from ..modules.positional_encoding import build_positional_encoding, check_length, token_positions
 

@@ -18,6 +18,7 @@ from fairseq.models import FairseqEncoder
 from torch import Tensor, nn
 
 from ..modules.attention import key_padding_to_attn_mask
+from ..modules.beam_groups import expansion_group, is_identity, sentences_of_reorder
 from ..modules.encoder_layer import EncoderLayer
 from ..modules.positional_encoding import build_positional_encoding, check_length, token_positions
 
@@ -89,14 +90,11 @@ class VaswaniEncoder(FairseqEncoder):
         """
         rows = _batch_rows(encoder_out)
         group = int(encoder_out["beam_group"][0]) if encoder_out.get("beam_group") else 0
-        if group and _within_groups(new_order, group):
-            sentences = new_order[::group].div(group, rounding_mode="floor")
-            if sentences.numel() * group == rows and bool(
-                sentences.eq(torch.arange(sentences.numel(), device=sentences.device)).all()
-            ):
-                return encoder_out
-        else:
-            group = _expansion_group(new_order, rows)
+        sentences = sentences_of_reorder(new_order, group) if group else None
+        if sentences is None:
+            group = expansion_group(new_order, rows)
+        elif is_identity(sentences, rows // group):
+            return encoder_out
         reordered = {
             key: [t.index_select(0, new_order) for t in tensors]
             for key, tensors in encoder_out.items()
@@ -116,20 +114,3 @@ def _batch_rows(encoder_out: EncoderOut) -> int:
             return encoder_out[key][0].size(0)
     return -1
 
-
-def _within_groups(new_order: Tensor, group: int) -> bool:
-    """Every consecutive ``group`` rows of ``new_order`` come from one sentence's copies."""
-    if new_order.numel() % group:
-        return False
-    by_sentence = new_order.view(-1, group).div(group, rounding_mode="floor")
-    return bool(by_sentence.eq(by_sentence[:, :1]).all())
-
-
-def _expansion_group(new_order: Tensor, rows: int) -> int:
-    """``g`` if ``new_order`` repeats each of the ``rows`` sentences ``g`` times in a row (the
-    beam expansion), else 0."""
-    if rows <= 0 or new_order.numel() % rows or new_order.numel() == rows:
-        return 0
-    group = new_order.numel() // rows
-    expected = torch.arange(rows, device=new_order.device).repeat_interleave(group)
-    return group if torch.equal(new_order, expected) else 0

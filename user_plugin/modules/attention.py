@@ -27,6 +27,7 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor, nn
 
 from .beam_cache import BeamSelfAttentionCache
+from .beam_groups import group_sentences, identical_row_groups, is_identity
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
@@ -236,24 +237,6 @@ class MultiHeadAttention(nn.Module):
         return incremental_state
 
 
-def identical_row_groups(encoder_out: Tensor, attn_mask: Optional[Tensor]) -> int:
-    """The number ``g`` of consecutive identical rows per sentence (1 if rows are not grouped)."""
-    rows = encoder_out.size(0)
-    if rows < 2:
-        return 1
-    same_as_first = encoder_out.eq(encoder_out[:1]).flatten(1).all(dim=1)
-    different = torch.nonzero(~same_as_first)
-    group = int(different[0, 0]) if different.numel() else rows
-    if group < 2 or rows % group:
-        return 1
-    for tensor in (encoder_out, attn_mask):
-        if tensor is not None:
-            grouped = tensor.reshape(rows // group, group, -1)
-            if not torch.equal(grouped, grouped[:, :1].expand_as(grouped)):
-                return 1
-    return group
-
-
 def _rows_of(cache: Dict) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
     """Per-row keys, values and mask of a per-sentence cache (general, copying path)."""
     rows = cache["rows"]
@@ -272,19 +255,14 @@ def _reorder_sentence_cache(cache: Dict, new_order: Tensor) -> Dict:
         rows = torch.arange(cache["key"].size(0) * group, device=new_order.device) // group
     rows = rows.index_select(0, new_order)
     new = dict(cache, rows=rows)
-    if rows.numel() % group == 0:
-        grouped = rows.view(-1, group)
-        sentences = grouped[:, 0]
-        if bool(grouped.eq(sentences[:, None]).all()):
-            new["rows"] = None
-            unchanged = sentences.numel() == cache["key"].size(0) and bool(
-                sentences.eq(torch.arange(sentences.numel(), device=sentences.device)).all()
-            )
-            if not unchanged:
-                new["key"] = cache["key"].index_select(0, sentences)
-                new["value"] = cache["value"].index_select(0, sentences)
-                if cache["mask"] is not None:
-                    new["mask"] = cache["mask"].index_select(0, sentences)
+    sentences = group_sentences(rows, group)
+    if sentences is not None:
+        new["rows"] = None
+        if not is_identity(sentences, cache["key"].size(0)):
+            new["key"] = cache["key"].index_select(0, sentences)
+            new["value"] = cache["value"].index_select(0, sentences)
+            if cache["mask"] is not None:
+                new["mask"] = cache["mask"].index_select(0, sentences)
     return new
 
 

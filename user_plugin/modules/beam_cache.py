@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .beam_groups import is_identity, sentences_of_reorder
+
 # steps stored before the first doubling: most translations are shorter, so the buffers rarely
 # grow (each growth copies them); on a CPU, pages of the unused tail are never touched
 INITIAL_CAPACITY = 128
@@ -112,22 +114,12 @@ class BeamSelfAttentionCache:
         """Follow beam search: row ``r`` continues hypothesis ``new_order[r]``."""
         if self.keys is None:
             return
-        group = self.group
-        if new_order.numel() % group:
-            sentences = None
-        else:
-            by_sentence = new_order.view(-1, group).div(group, rounding_mode="floor")
-            sentences = by_sentence[:, 0]
-            if group > 1 and not bool(by_sentence.eq(sentences[:, None]).all()):
-                sentences = None
+        sentences = sentences_of_reorder(new_order, self.group)
         if sentences is None:  # hypotheses move across sentences: one row per "sentence"
             self._ungroup()
             sentences = new_order
         self.ancestry = self.ancestry.index_select(0, new_order)
-        unchanged = sentences.numel() == self.keys.size(0) and bool(
-            sentences.eq(torch.arange(sentences.numel(), device=sentences.device)).all()
-        )
-        if not unchanged:
+        if not is_identity(sentences, self.keys.size(0)):
             self.keys = self._select(self.keys, sentences)
             self.values = self._select(self.values, sentences)
 
