@@ -13,7 +13,10 @@ which model goes first on every repeat:
 * decoding: beam search (beam 4, output limit = padded source width + 50, §6.1) through fairseq's
   plain ``SequenceGenerator`` for both models, sentences/s and generated tokens/s;
 * a sweep over sentence length (training step time and memory at a fixed token budget);
-* a sweep over output length (beam search made to produce exactly L tokens).
+* a sweep over output length (beam search made to produce exactly L tokens), with an
+  attention-free bound: our model with every decoder attention reduced to its matrix products
+  (:class:`ProjectionsOnlyAttention`), whose time is a floor for any implementation of the same
+  model in the same generator, so built-in / bound is the largest reachable speed-up.
 
 The built-in model is given our positional encoding (§3.5, interleaved sine/cosine; fairseq's
 concatenates the sines and cosines), so that both models compute the same function: the same
@@ -61,6 +64,7 @@ from _cli import UserError, atomic_write_text, run_main  # noqa: E402
 
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "multi30k-en-de"
 IMPLS = ("ours", "builtin")
+BOUND = "attention-free"  # decoding sweep only: see ProjectionsOnlyAttention
 
 # layers (each stack), d_model, d_ff, heads. "base" and "big" are the paper's Table 3 sizes.
 MODEL_SIZES = {
@@ -110,8 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--decode-sweep", default="16,32,64,128,256",
                         help="output lengths for the decoding sweep: every hypothesis is made "
                              "exactly this long (min = max length) ('' to skip)")
-    parser.add_argument("--decode-sweep-sentences", type=int, default=8,
-                        help="sentences (each x beam) per decoding-sweep batch")
+    parser.add_argument("--decode-sweep-sentences", type=int, default=32,
+                        help="sentences (each x beam) per decoding-sweep batch (the default is "
+                             "--decode-batch's, so the sweep and its bound speak for the main "
+                             "decoding run)")
+    parser.add_argument("--no-decode-bound", action="store_true",
+                        help="skip the decoding sweep's attention-free bound (our model with "
+                             "every decoder attention reduced to its projections)")
     parser.add_argument("--skip", default="",
                         help="comma list of train,decode,sweep,decode-sweep to skip")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -322,6 +331,43 @@ class LastStepPositions(nn.Module):
         return self.table[token_positions(tokens, self.padding_idx)] * real.unsqueeze(-1)
 
 
+class ProjectionsOnlyAttention(nn.Module):
+    """Stand-in for a decoder attention, for the attention-free bound of the decoding sweep.
+
+    It does the attention's four matrix products on a decoding step (queries, keys and values of
+    the new step, output projection; queries and output for the encoder-decoder attention) and
+    nothing else: no cache, no scores, no softmax, no weighted sum, no reorders. A decoder whose
+    attentions are all replaced keeps every matrix product of the real one and its place in
+    fairseq's ``SequenceGenerator``, so its time at a fixed output length is a floor for any
+    implementation of the same model, and built-in / floor is the largest speed-up attention and
+    cache work can buy. Its outputs are meaningless (only the work counts).
+    """
+
+    def __init__(self, attention: nn.Module) -> None:
+        super().__init__()
+        self.attention = attention
+
+    def forward(self, query, key_value, attn_mask=None, is_causal=False, incremental_state=None,
+                need_weights=False, beam_group=None):
+        attention = self.attention
+        if incremental_state is None or query.size(1) != 1:
+            raise ValueError("the attention-free bound only decodes step by step")
+        q = attention.q_proj(query)
+        if attention.encoder_decoder:
+            return attention.out_proj(q), None
+        source = query if key_value is None else key_value
+        attention.k_proj(source)
+        return attention.out_proj(attention.v_proj(source)), None
+
+
+def attention_free(model: nn.Module) -> nn.Module:
+    """Replace every decoder attention of our model by :class:`ProjectionsOnlyAttention`."""
+    for layer in model.decoder.layers:
+        layer.self_attn = ProjectionsOnlyAttention(layer.self_attn)
+        layer.encoder_attn = ProjectionsOnlyAttention(layer.encoder_attn)
+    return model
+
+
 def current_rss_kb() -> int:
     with open("/proc/self/statm") as handle:
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
@@ -406,7 +452,7 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
     task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
     torch.manual_seed(args.seed)
     cfg = model_cfg(args)
-    if impl == "ours":
+    if impl in ("ours", BOUND):
         from user_plugin.models.vaswani_transformer import VaswaniTransformerModel
 
         model = VaswaniTransformerModel.build_model(cfg, task)
@@ -414,7 +460,11 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
         from fairseq_reference import build_fairseq_transformer
 
         model = build_fairseq_transformer(None, task, cfg)
-    model.load_state_dict(torch.load(work / f"{impl}.pt"))
+    model.load_state_dict(torch.load(work / f"{'ours' if impl == BOUND else impl}.pt"))
+    if impl == BOUND:
+        if mode != "decode-sweep":
+            raise ValueError("the attention-free bound is only measured at fixed output lengths")
+        attention_free(model)
     if impl == "builtin":  # our §3.5 table, so that both models compute the same function
         from user_plugin.modules.positional_encoding import sinusoidal_table
 
@@ -643,7 +693,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             hashes = {r["hypotheses_sha256"] for i in IMPLS for r in runs["decode"][i]}
             results["identical_hypotheses"] = len(hashes) == 1
         results["summary"] = {name: summary for name, summary in rows}
-        report = [table(rows)]
+        report = [table(rows)] if rows else []
         if "decode" in runs:
             report.append(f"\nidentical beam-search hypotheses: {results['identical_hypotheses']}")
         if "sweep" not in skip and sweep_lengths(args):
@@ -679,6 +729,8 @@ def run_decode_sweep(args, argv_spec, work: Path) -> List[dict]:
     rows = []
     for index, length in enumerate(decode_sweep_lengths(args)):
         order = IMPLS if index % 2 == 0 else IMPLS[::-1]
+        if not args.no_decode_bound:
+            order += (BOUND,)
         row: Dict[str, Any] = {"length": length, "sentences": args.decode_sweep_sentences}
         for impl in order:
             row[impl] = run_worker(args, argv_spec, work, impl, "decode-sweep", length)
@@ -696,14 +748,23 @@ def markdown_table(header: Sequence[str], body: Sequence[Sequence[Any]]) -> str:
 
 
 def decode_sweep_table(rows: List[dict]) -> str:
+    """Seconds and speed-up (built-in / ours) per output length; with the attention-free bound,
+    also its seconds and the largest reachable speed-up (built-in / bound)."""
+    bound = all(BOUND in row for row in rows)
     header = ("output length", "seconds ours", "seconds built-in", "speed-up", "peak MB ours",
               "peak MB built-in", "identical")
+    if bound:
+        header += ("seconds attention-free", "speed-up bound")
     body = []
     for row in rows:
         ours, theirs = row["ours"], row["builtin"]
-        body.append((row["length"], f"{ours['seconds']:.2f}", f"{theirs['seconds']:.2f}",
-                     f"{theirs['seconds'] / ours['seconds']:.3f}", f"{ours['peak_mb']:.0f}",
-                     f"{theirs['peak_mb']:.0f}", row["identical_hypotheses"]))
+        line = (row["length"], f"{ours['seconds']:.2f}", f"{theirs['seconds']:.2f}",
+                f"{theirs['seconds'] / ours['seconds']:.3f}", f"{ours['peak_mb']:.0f}",
+                f"{theirs['peak_mb']:.0f}", row["identical_hypotheses"])
+        if bound:
+            floor = row[BOUND]["seconds"]
+            line += (f"{floor:.2f}", f"{theirs['seconds'] / floor:.3f}")
+        body.append(line)
     return markdown_table(header, body)
 
 

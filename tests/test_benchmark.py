@@ -9,6 +9,7 @@ import math
 import subprocess
 import sys
 
+import pytest
 from conftest import MULTI30K, REPO, require_data
 
 
@@ -36,7 +37,76 @@ def test_benchmark_runs_both_models_on_the_same_work_and_reports_ratios(tmp_path
     assert [row["identical_hypotheses"] for row in result["decode_sweep"]] == [True]
     sweep_tokens = [r["ours"]["tokens"] for r in result["decode_sweep"]]
     assert sweep_tokens == [2 * (3 + 1)]  # two sentences, exactly 3 tokens + EOS each
+    # the attention-free bound decodes the same number of tokens, and its speed-up is printed
+    bound = result["decode_sweep"][0]["attention-free"]
+    assert bound["tokens"] == sweep_tokens[0]
+    assert "| speed-up bound |" in proc.stdout
     summary = result["summary"]["training target tokens/s"]
     assert math.isclose(summary["ratio"], summary["ours"] / summary["builtin"])
     assert "| training target tokens/s |" in proc.stdout
     assert "identical beam-search hypotheses: True" in proc.stdout
+
+
+def load_benchmark_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("benchmark_script",
+                                                  REPO / "scripts" / "benchmark.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_attention_free_bound_keeps_every_matrix_product_and_drops_the_attention_work():
+    """The decoding bound is meaningful only if it does all of the real decoder's matrix
+    products (so its time is a floor, not a different model) and none of the attention work."""
+    import torch
+    from conftest import TINY, build_vaswani, make_dictionary, random_batch
+    from fairseq.sequence_generator import SequenceGenerator
+
+    benchmark = load_benchmark_module()
+    dictionary = make_dictionary(40)
+    torch.manual_seed(0)
+    real = build_vaswani(dictionary, "vaswani_base", **TINY).eval()
+    bound = build_vaswani(dictionary, "vaswani_base", **TINY).eval()
+    bound.load_state_dict(real.state_dict())
+    benchmark.attention_free(bound)
+    assert bound.state_dict().keys() != real.state_dict().keys()  # wrapped, same tensors
+    assert len(bound.state_dict()) == len(real.state_dict())
+
+    def linear_shapes_per_step(model):
+        calls = []
+
+        def hook(module, inputs, output):
+            calls.append((tuple(module.weight.shape), inputs[0].shape[0]))
+
+        handles = [m.register_forward_hook(hook) for m in model.decoder.modules()
+                   if isinstance(m, torch.nn.Linear)]
+        src, src_lengths, _ = random_batch(dictionary, batch=2, src_len=5, tgt_len=2)
+        generator = SequenceGenerator([model], dictionary, beam_size=3, max_len_a=0,
+                                      max_len_b=4, min_len=4)
+        with torch.no_grad():
+            hypos = generator.generate([model], {"net_input": {"src_tokens": src,
+                                                               "src_lengths": src_lengths}})
+        for handle in handles:
+            handle.remove()
+        assert all(len(h[0]["tokens"]) == 5 for h in hypos)  # exactly 4 tokens + EOS
+        return sorted(calls)
+
+    real_calls = linear_shapes_per_step(real)
+    bound_calls = linear_shapes_per_step(bound)
+    # every projection of the real decoder, on as many rows, except the encoder-decoder
+    # keys and values, which the real decoder computes once per sentence on the first step
+    encoder_kv = [c for c in real_calls if c[1] == 2]
+    assert len(encoder_kv) == 2 * TINY["decoder_layers"]
+    assert sorted(c for c in real_calls if c[1] != 2) == bound_calls
+
+    state = {}
+    src, src_lengths, _ = random_batch(dictionary, batch=2, src_len=5, tgt_len=2)
+    with torch.no_grad():
+        encoder_out = bound.encoder(src, src_lengths)
+        prefix = torch.full((2, 1), dictionary.eos())
+        bound.decoder(prefix, encoder_out, incremental_state=state)
+    assert not any("attn_cache" in key for key in state)  # no keys or values kept
+    with pytest.raises(ValueError, match="step by step"):
+        bound.decoder(prefix, encoder_out)  # a full forward has no meaning for the bound
