@@ -192,19 +192,19 @@ def max_positions(args) -> int:
     return max([1024, *[n + 2 for n in lengths]])
 
 
-def decode_sweep_lengths(args) -> List[int]:
+def comma_integers(text: str, option: str) -> List[int]:
     try:
-        return [int(x) for x in args.decode_sweep.split(",") if x.strip()]
+        return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise UserError(f"--decode-sweep {args.decode_sweep!r}: expected comma-separated "
-                        "integers") from None
+        raise UserError(f"{option} {text!r}: expected comma-separated integers") from None
+
+
+def decode_sweep_lengths(args) -> List[int]:
+    return comma_integers(args.decode_sweep, "--decode-sweep")
 
 
 def sweep_lengths(args) -> List[int]:
-    try:
-        return [int(x) for x in args.sweep.split(",") if x.strip()]
-    except ValueError:
-        raise UserError(f"--sweep {args.sweep!r}: expected comma-separated integers") from None
+    return comma_integers(args.sweep, "--sweep")
 
 
 def model_cfg(args):
@@ -713,30 +713,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def run_sweep(args, argv_spec, work: Path) -> List[dict]:
-    rows = []
-    for index, length in enumerate(sweep_lengths(args)):
-        order = IMPLS if index % 2 == 0 else IMPLS[::-1]
-        row: Dict[str, Any] = {"length": length,
-                               "sentences": max(1, args.sweep_tokens // length)}
-        for impl in order:
-            row[impl] = run_worker(args, argv_spec, work, impl, "sweep", length)
-        print(f"sweep length {length}: {json.dumps(row)}", flush=True)
-        rows.append(row)
-    return rows
+    return run_length_sweep(args, argv_spec, work, "sweep", sweep_lengths(args),
+                            lambda length: max(1, args.sweep_tokens // length))
 
 
 def run_decode_sweep(args, argv_spec, work: Path) -> List[dict]:
+    extra = () if args.no_decode_bound else (BOUND,)
+    return run_length_sweep(args, argv_spec, work, "decode-sweep", decode_sweep_lengths(args),
+                            lambda length: args.decode_sweep_sentences, extra)
+
+
+def run_length_sweep(args, argv_spec, work: Path, mode: str, lengths: List[int],
+                     sentences, extra: tuple = ()) -> List[dict]:
+    """One row per length: each model (alternating which goes first), then ``extra``; decoding
+    rows also say whether ours and the built-in found the same hypotheses."""
     rows = []
-    for index, length in enumerate(decode_sweep_lengths(args)):
-        order = IMPLS if index % 2 == 0 else IMPLS[::-1]
-        if not args.no_decode_bound:
-            order += (BOUND,)
-        row: Dict[str, Any] = {"length": length, "sentences": args.decode_sweep_sentences}
+    for index, length in enumerate(lengths):
+        order = (IMPLS if index % 2 == 0 else IMPLS[::-1]) + extra
+        row: Dict[str, Any] = {"length": length, "sentences": sentences(length)}
         for impl in order:
-            row[impl] = run_worker(args, argv_spec, work, impl, "decode-sweep", length)
-        row["identical_hypotheses"] = (row["ours"]["hypotheses_sha256"]
-                                       == row["builtin"]["hypotheses_sha256"])
-        print(f"decode sweep length {length}: {json.dumps(row)}", flush=True)
+            row[impl] = run_worker(args, argv_spec, work, impl, mode, length)
+        if "hypotheses_sha256" in row["ours"]:
+            row["identical_hypotheses"] = (row["ours"]["hypotheses_sha256"]
+                                           == row["builtin"]["hypotheses_sha256"])
+        print(f"{mode} length {length}: {json.dumps(row)}", flush=True)
         rows.append(row)
     return rows
 

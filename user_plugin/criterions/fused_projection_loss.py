@@ -12,9 +12,8 @@ loss terms, the chunk's ``dL/dz`` in place of its logits, and its contribution t
 recomputation). Because the gradients are produced during the forward pass, this is only done
 when a gradient is wanted; the backward pass scales them by the incoming gradient.
 
-The loss is the one of :mod:`user_plugin.criterions.label_smoothed_cross_entropy`
-(fairseq's definition): with ``a = 1 - eps - eps/(V-1)`` and ``b = eps/(V-1)``, each row adds
-``a (lse - z_y) + b (V lse - sum_v z_v)`` and ``dL/dz_v = (a + bV) softmax(z)_v - b - a [v = y]``.
+The loss and its gradient are those of :mod:`user_plugin.criterions.label_smoothing`
+(fairseq's definition).
 Pad rows must be removed by the caller (they contribute nothing and cost a full row of logits).
 The gradients are formed before the loss scale of float16 training is known, so the criterion
 does not use this with float16 weights or float16 autocast (bfloat16 is fine).
@@ -26,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
+
+from .label_smoothing import logit_gradient_, smoothing_coefficients
 
 # elements of the [chunk x V] float32 logits held at once: 16 MB on a CPU keeps the chunk
 # below glibc's mmap threshold (reused, no page faults); a GPU prefers fewer, larger products
@@ -73,8 +74,8 @@ class _FusedProjectionLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, features, weight, target, epsilon, count_correct, chunk_rows):
         rows, vocab = features.size(0), weight.size(0)
-        eps_other = epsilon / (vocab - 1) if vocab > 1 else 0.0
-        on_target = 1.0 - epsilon - eps_other
+        coefficients = smoothing_coefficients(epsilon, vocab)
+        on_target, eps_other = coefficients
         want_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         loss = features.new_zeros((), dtype=torch.float32)
         nll = features.new_zeros((), dtype=torch.float32)
@@ -98,9 +99,8 @@ class _FusedProjectionLoss(torch.autograd.Function):
             loss += on_target * chunk_nll + eps_other * ((vocab * log_normalizer).sum()
                                                          - logit_sum.sum())
             if want_grad:
-                # dL/dz = (a + bV) softmax(z) - b - a [v = y], softmax = exp(z - shift) / sum
-                grad = z.mul_((on_target + eps_other * vocab) / exp_sum).sub_(eps_other)
-                grad.scatter_add_(-1, y, grad.new_full(y.shape, -on_target))
+                # z now holds exp(z - shift): softmax = z / exp_sum
+                grad = logit_gradient_(z, y, coefficients, 1.0 / exp_sum)
                 grad = grad.to(torch.promote_types(h.dtype, weight.dtype))
                 grad_features[start: start + chunk_rows] = grad @ weight.to(grad.dtype)
                 grad_weight += (grad.t() @ h.to(grad.dtype)).float()

@@ -24,6 +24,7 @@ from omegaconf import II
 from torch import Tensor
 
 from .fused_projection_loss import fused_projection_label_smoothed_loss
+from .label_smoothing import logit_gradient_, smoothing_coefficients
 
 CRITERION_NAME = "vaswani_label_smoothed_cross_entropy"
 
@@ -51,12 +52,8 @@ def label_smoothed_loss_from_logits(
 
 
 class _LabelSmoothedLoss(torch.autograd.Function):
-    """The loss with a hand-written gradient, one [N, V] temporary in the backward pass.
-
-    With ``a = 1 - eps - eps/(V-1)`` and ``b = eps/(V-1)``, each kept row's loss is
-    ``a (lse - z_y) + b (V lse - sum_v z_v)``, whose gradient is
-    ``dL/dz_v = (a + bV) p_v - b - a [v = y]`` with ``p = softmax(z)``.
-    """
+    """The loss with a hand-written gradient (:mod:`~user_plugin.criterions.label_smoothing`),
+    one [N, V] temporary in the backward pass."""
 
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, epsilon: float, padding_idx: int):
@@ -68,8 +65,7 @@ class _LabelSmoothedLoss(torch.autograd.Function):
         smooth = vocab * log_normalizer - scores.sum(dim=-1)
         nll = nll.masked_fill(~keep, 0.0).sum()
         smooth = smooth.masked_fill(~keep, 0.0).sum()
-        eps_other = epsilon / (vocab - 1)
-        on_target = 1.0 - epsilon - eps_other
+        on_target, eps_other = smoothing_coefficients(epsilon, vocab)
         loss = on_target * nll + eps_other * smooth
         ctx.save_for_backward(logits, target, log_normalizer, keep)
         ctx.coefficients = (on_target, eps_other)
@@ -79,13 +75,10 @@ class _LabelSmoothedLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss: Tensor, grad_nll: Tensor):
         logits, target, log_normalizer, keep = ctx.saved_tensors
-        on_target, eps_other = ctx.coefficients
-        vocab = logits.size(-1)
         row_grad = keep.to(torch.float32) * grad_loss.float()
-        grad = logits.float().sub(log_normalizer.unsqueeze(-1)).exp_()
-        grad.mul_((row_grad * (on_target + eps_other * vocab)).unsqueeze(-1))
-        grad.sub_((row_grad * eps_other).unsqueeze(-1))
-        grad.scatter_add_(-1, target.unsqueeze(-1), (row_grad * -on_target).unsqueeze(-1))
+        softmax = logits.float().sub(log_normalizer.unsqueeze(-1)).exp_()
+        grad = logit_gradient_(softmax, target.unsqueeze(-1), ctx.coefficients, 1.0,
+                               row_grad.unsqueeze(-1))
         return grad.to(logits.dtype), None, None, None
 
 

@@ -52,6 +52,7 @@ class BeamSelfAttentionCache:
         self.keys: Optional[Tensor] = None
         self.values: Optional[Tensor] = None
         self.ancestry: Optional[Tensor] = None
+        self._own_slots: Optional[Tensor] = None  # r % group for every row r (see _slots)
 
     @property
     def rows(self) -> int:
@@ -76,7 +77,7 @@ class BeamSelfAttentionCache:
         sentences, group = rows // self.group, self.group
         self.keys[:, self.length] = key.view(sentences, group, self.num_heads, self.key_dim)
         self.values[:, self.length] = value.view(sentences, group, self.num_heads, self.value_dim)
-        self.ancestry[:, self.length] = torch.arange(group, device=key.device).repeat(sentences)
+        self.ancestry[:, self.length] = self._slots()
         self.length += 1
 
     def attend(self, query: Tensor, need_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
@@ -94,7 +95,7 @@ class BeamSelfAttentionCache:
         k, v = k.transpose(1, 2), v.transpose(1, 2)
         mask = None
         if group > 1:
-            slots = torch.arange(group, device=query.device)
+            slots = self._slots()[:group]
             own = self.ancestry[:, :steps].reshape(sentences, group, steps, 1) == slots
             mask = own.view(sentences, 1, group, steps * group)
         weights = None
@@ -124,6 +125,14 @@ class BeamSelfAttentionCache:
             self.values = self._select(self.values, sentences)
 
     # -- internals -------------------------------------------------------------------------
+
+    def _slots(self) -> Tensor:
+        """The slot each row writes its newest step to (``r % group``), kept between steps."""
+        rows = self.rows
+        if self._own_slots is None or self._own_slots.numel() != rows:
+            device = self.ancestry.device
+            self._own_slots = torch.arange(self.group, device=device).repeat(rows // self.group)
+        return self._own_slots
 
     def _allocate(self, rows: int, key: Tensor, value: Tensor, capacity: int = 0) -> None:
         sentences, group = rows // self.group, self.group
@@ -158,6 +167,7 @@ class BeamSelfAttentionCache:
         slot = self.ancestry[:, :length]
         keys, values = self.keys, self.values
         self.group = 1
+        self._own_slots = None
         self._allocate(rows, keys, values, capacity=keys.size(1))
         self.keys[:, :length, 0] = keys[sentence[:, None], step[None, :], slot]
         self.values[:, :length, 0] = values[sentence[:, None], step[None, :], slot]
