@@ -5,8 +5,11 @@ register more the same way in their own ``--user-dir`` (see the README's extensi
 
     @register_model_architecture("vaswani_transformer", "my_arch")
     def my_arch(args):
-        args.encoder_layers = getattr(args, "encoder_layers", 12)
+        set_default(args, "encoder_layers", 12)
         vaswani_base(args)
+
+The helpers below are public: :func:`set_default` fills one option the user did not give,
+:func:`set_both_sides` one option of both stacks, :func:`set_dims` a model's sizes.
 """
 
 from __future__ import annotations
@@ -19,10 +22,20 @@ from .vaswani_transformer import VaswaniTransformerModel  # noqa: F401
 MODEL_NAME = "vaswani_transformer"
 
 
-def _default(args, name: str, value) -> None:
-    """Set ``args.name`` unless the user gave it."""
+SIDES = ("encoder", "decoder")
+
+
+def set_default(args, name: str, value) -> None:
+    """Set ``args.name`` unless the user gave it (fairseq leaves options not given out of the
+    namespace it hands an architecture, or sets them to None)."""
     if getattr(args, name, None) is None:
         setattr(args, name, value)
+
+
+def set_both_sides(args, name: str, value) -> None:
+    """Default ``encoder_<name>`` and ``decoder_<name>`` to ``value`` unless the user set them."""
+    for side in SIDES:
+        set_default(args, f"{side}_{name}", value)
 
 
 def set_dims(
@@ -35,12 +48,11 @@ def set_dims(
     dropout: float,
 ) -> None:
     """Fill encoder and decoder sizes symmetrically (the paper uses equal stacks)."""
-    for side in ("encoder", "decoder"):
-        _default(args, f"{side}_layers", layers)
-        _default(args, f"{side}_embed_dim", embed_dim)
-        _default(args, f"{side}_ffn_embed_dim", ffn_dim)
-        _default(args, f"{side}_attention_heads", heads)
-    _default(args, "dropout", dropout)
+    set_both_sides(args, "layers", layers)
+    set_both_sides(args, "embed_dim", embed_dim)
+    set_both_sides(args, "ffn_embed_dim", ffn_dim)
+    set_both_sides(args, "attention_heads", heads)
+    set_default(args, "dropout", dropout)
 
 
 @register_model_architecture(MODEL_NAME, "vaswani_base")
@@ -58,5 +70,5 @@ def vaswani_big(args) -> None:
 @register_model_architecture(MODEL_NAME, "vaswani_big_en_fr")
 def vaswani_big_en_fr(args) -> None:
     """Big model for EN-FR: as ``vaswani_big`` with P_drop 0.1 (§5.4)."""
-    _default(args, "dropout", 0.1)
+    set_default(args, "dropout", 0.1)
     vaswani_big(args)

@@ -29,13 +29,12 @@ from dataclasses import dataclass
 
 from fairseq.models import register_model_architecture
 
-from .architectures import MODEL_NAME, _default, vaswani_base, vaswani_big
+from ..paper import BASE_TRAIN_STEPS, BIG_TRAIN_STEPS, LABEL_SMOOTHING
+from .architectures import MODEL_NAME, set_both_sides, set_default, vaswani_base, vaswani_big
 
 logger = logging.getLogger(__name__)
 
-BASE_LABEL_SMOOTHING = 0.1
-BASE_TRAIN_STEPS = 100_000
-BIG_TRAIN_STEPS = 300_000
+BASE_LABEL_SMOOTHING = LABEL_SMOOTHING
 
 
 @dataclass(frozen=True)
@@ -104,12 +103,6 @@ def _check_label_smoothing(args, entry: Table3Row) -> None:
         )
 
 
-def _both_sides(args, name: str, value) -> None:
-    """Default ``encoder_<name>`` and ``decoder_<name>`` to ``value`` unless the user set them."""
-    for side in ("encoder", "decoder"):
-        _default(args, f"{side}_{name}", value)
-
-
 # -- reference rows -------------------------------------------------------------------------------
 
 
@@ -126,28 +119,28 @@ def vaswani_table3_base(args) -> None:
 @table3_variant("A", "h 1, d_k = d_v = 512", 5.29, 24.9)
 def vaswani_table3_a_heads1_dk512(args) -> None:
     """Table 3 row A: one head of width 512."""
-    _both_sides(args, "attention_heads", 1)
+    set_both_sides(args, "attention_heads", 1)
     vaswani_base(args)
 
 
 @table3_variant("A", "h 4, d_k = d_v = 128", 5.00, 25.5)
 def vaswani_table3_a_heads4_dk128(args) -> None:
     """Table 3 row A: 4 heads of width 128."""
-    _both_sides(args, "attention_heads", 4)
+    set_both_sides(args, "attention_heads", 4)
     vaswani_base(args)
 
 
 @table3_variant("A", "h 16, d_k = d_v = 32", 4.91, 25.8)
 def vaswani_table3_a_heads16_dk32(args) -> None:
     """Table 3 row A: 16 heads of width 32."""
-    _both_sides(args, "attention_heads", 16)
+    set_both_sides(args, "attention_heads", 16)
     vaswani_base(args)
 
 
 @table3_variant("A", "h 32, d_k = d_v = 16", 5.01, 25.4)
 def vaswani_table3_a_heads32_dk16(args) -> None:
     """Table 3 row A: 32 heads of width 16."""
-    _both_sides(args, "attention_heads", 32)
+    set_both_sides(args, "attention_heads", 32)
     vaswani_base(args)
 
 
@@ -157,14 +150,14 @@ def vaswani_table3_a_heads32_dk16(args) -> None:
 @table3_variant("B", "d_k 16", 5.16, 25.1, 58)
 def vaswani_table3_b_dk16(args) -> None:
     """Table 3 row B: queries and keys of 16 per head; values stay d_model / h = 64."""
-    _default(args, "attention_key_dim", 16)
+    set_default(args, "attention_key_dim", 16)
     vaswani_base(args)
 
 
 @table3_variant("B", "d_k 32", 5.01, 25.4, 60)
 def vaswani_table3_b_dk32(args) -> None:
     """Table 3 row B: queries and keys of 32 per head; values stay d_model / h = 64."""
-    _default(args, "attention_key_dim", 32)
+    set_default(args, "attention_key_dim", 32)
     vaswani_base(args)
 
 
@@ -174,49 +167,49 @@ def vaswani_table3_b_dk32(args) -> None:
 @table3_variant("C", "N 2", 6.11, 23.7, 36)
 def vaswani_table3_c_layers2(args) -> None:
     """Table 3 row C: 2 encoder and 2 decoder layers."""
-    _both_sides(args, "layers", 2)
+    set_both_sides(args, "layers", 2)
     vaswani_base(args)
 
 
 @table3_variant("C", "N 4", 5.19, 25.3, 50)
 def vaswani_table3_c_layers4(args) -> None:
     """Table 3 row C: 4 encoder and 4 decoder layers."""
-    _both_sides(args, "layers", 4)
+    set_both_sides(args, "layers", 4)
     vaswani_base(args)
 
 
 @table3_variant("C", "N 8", 4.88, 25.5, 80)
 def vaswani_table3_c_layers8(args) -> None:
     """Table 3 row C: 8 encoder and 8 decoder layers."""
-    _both_sides(args, "layers", 8)
+    set_both_sides(args, "layers", 8)
     vaswani_base(args)
 
 
 @table3_variant("C", "d_model 256, d_k = d_v = 32", 5.75, 24.5, 28)
 def vaswani_table3_c_dmodel256(args) -> None:
     """Table 3 row C: d_model 256 (8 heads of 32), d_ff stays 2048."""
-    _both_sides(args, "embed_dim", 256)
+    set_both_sides(args, "embed_dim", 256)
     vaswani_base(args)
 
 
 @table3_variant("C", "d_model 1024, d_k = d_v = 128", 4.66, 26.0, 168)
 def vaswani_table3_c_dmodel1024(args) -> None:
     """Table 3 row C: d_model 1024 (8 heads of 128), d_ff stays 2048."""
-    _both_sides(args, "embed_dim", 1024)
+    set_both_sides(args, "embed_dim", 1024)
     vaswani_base(args)
 
 
 @table3_variant("C", "d_ff 1024", 5.12, 25.4, 53)
 def vaswani_table3_c_dff1024(args) -> None:
     """Table 3 row C: inner feed-forward size 1024."""
-    _both_sides(args, "ffn_embed_dim", 1024)
+    set_both_sides(args, "ffn_embed_dim", 1024)
     vaswani_base(args)
 
 
 @table3_variant("C", "d_ff 4096", 4.75, 26.2, 90)
 def vaswani_table3_c_dff4096(args) -> None:
     """Table 3 row C: inner feed-forward size 4096."""
-    _both_sides(args, "ffn_embed_dim", 4096)
+    set_both_sides(args, "ffn_embed_dim", 4096)
     vaswani_base(args)
 
 
@@ -226,14 +219,14 @@ def vaswani_table3_c_dff4096(args) -> None:
 @table3_variant("D", "P_drop 0.0", 5.77, 24.6)
 def vaswani_table3_d_dropout0_0(args) -> None:
     """Table 3 row D: no residual or embedding dropout (§5.4)."""
-    _default(args, "dropout", 0.0)
+    set_default(args, "dropout", 0.0)
     vaswani_base(args)
 
 
 @table3_variant("D", "P_drop 0.2", 4.95, 25.5)
 def vaswani_table3_d_dropout0_2(args) -> None:
     """Table 3 row D: residual and embedding dropout 0.2 (§5.4)."""
-    _default(args, "dropout", 0.2)
+    set_default(args, "dropout", 0.2)
     vaswani_base(args)
 
 
@@ -255,7 +248,7 @@ def vaswani_table3_d_ls0_2(args) -> None:
 @table3_variant("E", "learned positional embedding instead of sinusoids", 4.92, 25.7)
 def vaswani_table3_e_learned_pos(args) -> None:
     """Table 3 row E: learned positional embeddings in both stacks (§3.5)."""
-    _both_sides(args, "learned_pos", True)
+    set_both_sides(args, "learned_pos", True)
     vaswani_base(args)
 
 

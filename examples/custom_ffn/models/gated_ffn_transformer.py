@@ -18,7 +18,7 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.models import register_model, register_model_architecture
 from torch import nn
 
-from user_plugin.models.architectures import _default, set_dims
+from user_plugin.models.architectures import set_default, set_dims
 from user_plugin.models.decoder import VaswaniDecoder
 from user_plugin.models.encoder import VaswaniEncoder
 from user_plugin.models.transformer_config import VaswaniTransformerConfig
@@ -92,5 +92,5 @@ class GatedFFNTransformerModel(VaswaniTransformerModel):
 def gated_ffn_base(args) -> None:
     """The base model (Table 3) with a GEGLU feed-forward of inner size 1365 = 2/3 * 2048, which
     keeps the base model's parameter count."""
-    _default(args, "ffn_gate_activation", "gelu")
+    set_default(args, "ffn_gate_activation", "gelu")
     set_dims(args, layers=6, embed_dim=512, ffn_dim=1365, heads=8, dropout=0.1)
