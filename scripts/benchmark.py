@@ -348,7 +348,7 @@ class ProjectionsOnlyAttention(nn.Module):
         self.attention = attention
 
     def forward(self, query, key_value, attn_mask=None, is_causal=False, incremental_state=None,
-                need_weights=False, beam_group=None):
+                need_weights=False, beam=None):
         attention = self.attention
         if incremental_state is None or query.size(1) != 1:
             raise ValueError("the attention-free bound only decodes step by step")

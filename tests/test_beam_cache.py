@@ -4,8 +4,9 @@ import pytest
 import torch
 from conftest import TINY, build_vaswani, make_dictionary, random_batch
 
-from user_plugin.modules import beam_cache
-from user_plugin.modules.beam_cache import BeamSelfAttentionCache
+from user_plugin.modules import beam_state
+from user_plugin.modules.beam_cache import SelfAttentionCache
+from user_plugin.modules.beam_state import BeamLayout, BeamState
 
 
 def tiny_model(seed=0):
@@ -18,8 +19,12 @@ def self_attention_caches(model, state):
     caches = []
     for layer in model.decoder.layers:
         cache = layer.self_attn.get_incremental_state(state, "attn_cache")
-        caches.append(cache["beam"])
+        caches.append(cache["cache"])
     return caches
+
+
+def decoder_beam(model, state) -> BeamState:
+    return model.decoder.get_incremental_state(state, "beam")["state"]
 
 
 def test_beam_search_reorders_follow_the_full_forward(monkeypatch):
@@ -27,7 +32,7 @@ def test_beam_search_reorders_follow_the_full_forward(monkeypatch):
     inside sentences, a sentence leaving the batch, then a reorder across sentences (the
     fallback); a small initial capacity makes the buffers grow. Every step's logits equal the
     full forward of each hypothesis' own prefix."""
-    monkeypatch.setattr(beam_cache, "INITIAL_CAPACITY", 2)
+    monkeypatch.setattr(beam_state, "INITIAL_CAPACITY", 2)
     dictionary, model = tiny_model()
     beam, steps = 3, 9
     src, src_lengths, _ = random_batch(dictionary, batch=3, src_len=6, tgt_len=2)
@@ -36,7 +41,7 @@ def test_beam_search_reorders_follow_the_full_forward(monkeypatch):
         encoder_out = model.encoder(src, src_lengths)
         expand = torch.arange(3).repeat_interleave(beam)
         encoder_out = model.encoder.reorder_encoder_out(encoder_out, expand)
-        assert int(encoder_out["beam_group"][0]) == beam
+        assert encoder_out["beam_layout"][0].group == beam
         sentence_of_row = expand.clone()
         prefixes = torch.full((9, 1), dictionary.eos())
         state = {}
@@ -62,7 +67,8 @@ def test_beam_search_reorders_follow_the_full_forward(monkeypatch):
             next_tokens = torch.randint(4, len(dictionary), (new_order.numel(), 1), generator=gen)
             prefixes = torch.cat([prefixes[new_order], next_tokens], dim=1)
         caches = self_attention_caches(model, state)
-        assert all(cache.group == 1 for cache in caches)  # fell back at step 6
+        assert decoder_beam(model, state).layout.group == 1  # fell back at step 6
+        assert all(cache.keys.size(2) == 1 for cache in caches)
         assert all(cache.keys.size(1) >= steps for cache in caches)
 
 
@@ -77,15 +83,17 @@ def test_reorders_inside_sentences_copy_no_keys():
         prefixes = torch.full((8, 1), dictionary.eos())
         model.decoder(prefixes, encoder_out, incremental_state=state)
         caches = self_attention_caches(model, state)
-        assert [cache.group for cache in caches] == [4] * len(caches)
+        beam = decoder_beam(model, state)
+        assert [cache.keys.size(2) for cache in caches] == [4] * len(caches)
+        assert beam.layout.group == 4
         pointers = [cache.keys.data_ptr() for cache in caches]
         model.decoder.reorder_incremental_state_scripting(
             state, torch.tensor([3, 3, 1, 0, 6, 4, 4, 5])
         )
         assert [cache.keys.data_ptr() for cache in caches] == pointers
-        assert caches[0].ancestry[:, 0].tolist() == [3, 3, 1, 0, 2, 0, 0, 1]
+        assert beam.ancestry[:, 0].tolist() == [3, 3, 1, 0, 2, 0, 0, 1]
         model.decoder(prefixes, encoder_out, incremental_state=state)
-        assert caches[0].ancestry[:, :2].tolist() == [
+        assert beam.ancestry[:, :2].tolist() == [
             [3, 0], [3, 1], [1, 2], [0, 3], [2, 0], [0, 1], [0, 2], [1, 3]
         ]
 
@@ -93,18 +101,20 @@ def test_reorders_inside_sentences_copy_no_keys():
 def test_attention_weights_are_each_hypothesis_own_prefix():
     torch.manual_seed(2)
     heads, dim, sentences, group, steps = 2, 8, 2, 3, 5
-    cache = BeamSelfAttentionCache(group, heads, dim // heads, dim // heads)
+    beam = BeamState(BeamLayout(sentences, group), torch.device("cpu"))
+    cache = SelfAttentionCache(beam, heads, dim // heads, dim // heads)
     rows = sentences * group
     own_keys, own_values = [], []  # per-row prefixes, copied the classic way
     for step in range(steps):
         key, value = torch.randn(rows, 1, dim), torch.randn(rows, 1, dim)
+        beam.advance(rows)
         cache.append(key, value)
         own_keys.append(key)
         own_values.append(value)
         if step < steps - 1:
             order = (torch.arange(sentences)[:, None] * group
                      + torch.randint(0, group, (sentences, group))).reshape(-1)
-            cache.reorder(order)
+            cache.reorder(beam.follow(order))
             own_keys = [k[order] for k in own_keys]
             own_values = [v[order] for v in own_values]
     query = torch.randn(rows, 1, dim)
@@ -122,11 +132,61 @@ def test_attention_weights_are_each_hypothesis_own_prefix():
 
 
 def test_one_step_at_a_time_and_batch_changes_must_be_reordered():
-    cache = BeamSelfAttentionCache(2, 2, 4, 4)
+    beam = BeamState(BeamLayout(2, 2), torch.device("cpu"))
+    cache = SelfAttentionCache(beam, 2, 4, 4)
+    beam.advance(4)
     with pytest.raises(ValueError, match="one step at a time"):
         cache.append(torch.randn(4, 2, 8), torch.randn(4, 2, 8))
     cache.append(torch.randn(4, 1, 8), torch.randn(4, 1, 8))
     with pytest.raises(ValueError, match="reorder_incremental_state"):
         cache.append(torch.randn(2, 1, 8), torch.randn(2, 1, 8))
+    with pytest.raises(ValueError, match="reorder_incremental_state"):
+        beam.advance(2)
     with pytest.raises(ValueError, match="group"):
-        BeamSelfAttentionCache(0, 2, 4, 4)
+        BeamLayout(2, 0)
+
+
+def test_layout_reads_each_reorder_once_for_every_cache():
+    layout = BeamLayout.of_expansion(torch.tensor([0, 0, 0, 1, 1, 1]), rows=2)
+    assert layout == BeamLayout(2, 3)
+    assert BeamLayout.of_expansion(torch.tensor([0, 1]), rows=2) is None
+    assert BeamLayout.of_expansion(torch.tensor([1, 1, 0, 0]), rows=2) is None
+    inside = layout.follow(torch.tensor([2, 0, 0, 4, 3, 3]))
+    assert inside.sentences is None and inside.after == layout
+    leaving = layout.follow(torch.tensor([5, 3, 4]))
+    assert leaving.sentences.tolist() == [1] and leaving.after == BeamLayout(1, 3)
+    across = layout.follow(torch.tensor([0, 1, 3, 4, 2, 5]))
+    assert across.ungroups and across.after == BeamLayout(6, 1)
+    assert across.sentences.tolist() == [0, 0, 1, 1, 0, 1]
+
+
+def test_step_by_step_attention_weights_equal_the_full_forward():
+    """Both attentions' probabilities per hypothesis, from the per-sentence caches, equal those
+    of the full forward of each hypothesis' prefix (what alignments and plots read)."""
+    dictionary, model = tiny_model(seed=3)
+    beam = 2
+    src, src_lengths, _ = random_batch(dictionary, batch=2, src_len=6, tgt_len=2)
+    src[1, :2] = dictionary.pad()
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        expand = torch.arange(2).repeat_interleave(beam)
+        encoder_out = model.encoder.reorder_encoder_out(model.encoder(src, src_lengths), expand)
+        rows, state = expand.clone(), {}
+        prefixes = torch.full((4, 1), dictionary.eos())
+        for _ in range(4):
+            _, extra = model.decoder(prefixes, encoder_out, incremental_state=state,
+                                     need_attn=True)
+            _, full = model(src[rows], src_lengths[rows], prefixes, need_attn=True)
+            for ours, theirs in zip(extra["layer_attn"], full["layer_attn"]):
+                for name in ("self_attn", "encoder_attn"):
+                    torch.testing.assert_close(ours[name][:, :, 0], theirs[name][:, :, -1],
+                                               atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(extra["attn"][0][:, 0], full["attn"][0][:, -1],
+                                       atol=1e-5, rtol=1e-5)
+            within = torch.randint(0, beam, (2, beam), generator=gen)
+            new_order = (torch.arange(2)[:, None] * beam + within).reshape(-1)
+            model.decoder.reorder_incremental_state_scripting(state, new_order)
+            encoder_out = model.encoder.reorder_encoder_out(encoder_out, new_order)
+            rows = rows[new_order]
+            tokens = torch.randint(4, len(dictionary), (4, 1), generator=gen)
+            prefixes = torch.cat([prefixes[new_order], tokens], dim=1)

@@ -1,56 +1,51 @@
 """The decoder stack (paper §3.1, Figure 1 right) with incremental decoding.
 
 ``y = Dropout(sqrt(d_model) * Embed(prev_output_tokens) + PE)``, N decoder layers (a final
-LayerNorm when pre-norm), then the pre-softmax linear, whose weight may be the embedding's (§3.4).
+LayerNorm when pre-norm), as :class:`~.stack.TransformerStack`, then the pre-softmax linear,
+whose weight may be the embedding's (§3.4).
 
-With an ``incremental_state`` (beam search), only the newest target position is computed; each
-attention module keeps its keys and values in that state (see ``MultiHeadAttention``).
+With an ``incremental_state`` (beam search), only the newest target position is computed. The
+decoder keeps one :class:`~user_plugin.modules.beam_state.BeamState` there, made on the first
+step from the encoder output's beam layout, and hands it to every attention's cache; each beam
+reorder is interpreted once, here, and passed on (:meth:`reorder_incremental_state_scripting`).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from fairseq.models import FairseqIncrementalDecoder
 from torch import Tensor, nn
 
-from ..modules.attention import IncrementalState, causal_mask, key_padding_to_attn_mask
-from ..modules.beam_groups import identical_row_groups
-from ..modules.decoder_layer import DecoderLayer
-from ..modules.positional_encoding import build_positional_encoding, check_length, token_positions
+from ..modules.attention import IncrementalState
+from ..modules.beam_state import BeamLayout, BeamState
+from ..modules.positional_encoding import check_length, token_positions
+from ..modules.scaled_dot_product import causal_mask, key_padding_to_attn_mask
+from .stack import TransformerStack, default_blocks
+from .transformer_config import StackConfig
 
 
-class VaswaniDecoder(FairseqIncrementalDecoder):
-    def __init__(self, cfg, dictionary, embed_tokens: nn.Embedding) -> None:
-        super().__init__(dictionary)
+class VaswaniDecoder(TransformerStack, FairseqIncrementalDecoder):
+    """The decoder; ``blocks`` builds its layers (``build_decoder_layer``): the model class, by
+    default :class:`~.vaswani_transformer.VaswaniTransformerModel`."""
+
+    def __init__(self, cfg, dictionary, embed_tokens: nn.Embedding, blocks=None) -> None:
+        FairseqIncrementalDecoder.__init__(self, dictionary)
         self.cfg = cfg
-        dim = cfg.decoder_embed_dim
-        self.padding_idx = embed_tokens.padding_idx
-        self.embed_tokens = embed_tokens
-        self.embed_scale = 1.0 if cfg.no_scale_embedding else math.sqrt(dim)
-        self.embed_positions = build_positional_encoding(
-            dim, cfg.max_target_positions, cfg.decoder_learned_pos
-        )
-        self.dropout = cfg.dropout
-        self.layers = nn.ModuleList([self.build_layer(cfg) for _ in range(cfg.decoder_layers)])
-        self.layer_norm = nn.LayerNorm(dim) if cfg.decoder_normalize_before else None
-        self.output_projection = nn.Linear(dim, len(dictionary), bias=False)
+        blocks = blocks or default_blocks()
+        stack = StackConfig.of(cfg, "decoder")
+        self.build_stack(stack, embed_tokens, blocks, blocks.build_decoder_layer)
+        self.output_projection = nn.Linear(stack.embed_dim, len(dictionary), bias=False)
         if cfg.share_all_embeddings or cfg.share_decoder_input_output_embed:
             self.output_projection.weight = self.embed_tokens.weight
         else:
-            nn.init.normal_(self.output_projection.weight, mean=0.0, std=dim**-0.5)
-
-    def build_layer(self, cfg) -> nn.Module:
-        """One decoder layer; override to use a layer of your own."""
-        return DecoderLayer(cfg)
+            nn.init.normal_(self.output_projection.weight, mean=0.0, std=stack.embed_dim**-0.5)
 
     def forward(
         self,
         prev_output_tokens: Tensor,
-        encoder_out: Optional[Dict[str, List[Tensor]]] = None,
+        encoder_out: Optional[Dict[str, List]] = None,
         incremental_state: Optional[IncrementalState] = None,
         features_only: bool = False,
         src_lengths: Optional[Tensor] = None,
@@ -73,27 +68,25 @@ class VaswaniDecoder(FairseqIncrementalDecoder):
     def extract_features(
         self,
         prev_output_tokens: Tensor,
-        encoder_out: Optional[Dict[str, List[Tensor]]] = None,
+        encoder_out: Optional[Dict[str, List]] = None,
         incremental_state: Optional[IncrementalState] = None,
         return_all_hiddens: bool = False,
         need_attn: bool = False,
         **unused: Any,
     ) -> Tuple[Tensor, Dict[str, Any]]:
-        check_length(
-            prev_output_tokens.size(1), self.cfg.max_target_positions, "--max-target-positions"
-        )
+        check_length(prev_output_tokens.size(1), self.stack.max_positions,
+                     "--max-target-positions")
         positions = token_positions(prev_output_tokens, self.padding_idx)
         tokens = prev_output_tokens
-        if incremental_state is not None:
-            tokens, positions = tokens[:, -1:], positions[:, -1:]
-
-        x = self.embed_scale * self.embed_tokens(tokens)
-        x = x + self.embed_positions(positions).to(x)
-        x = F.dropout(x, p=self.dropout, training=self.training)
-
-        self_attn_mask = None
+        self_attn_mask, beam = None, None
         if incremental_state is None:
             self_attn_mask = self._self_attention_mask(tokens)
+        else:
+            tokens, positions = tokens[:, -1:], positions[:, -1:]
+            beam = self._beam_state(incremental_state, encoder_out, tokens)
+            beam.advance(tokens.size(0))
+        x = self.embed(tokens, positions)
+
         enc, enc_mask = None, None
         if encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
             enc = encoder_out["encoder_out"][0]
@@ -101,9 +94,6 @@ class VaswaniDecoder(FairseqIncrementalDecoder):
             if len(padding) > 0 and padding[0].any():
                 enc_mask = key_padding_to_attn_mask(padding[0])
 
-        beam_group = None
-        if incremental_state is not None:
-            beam_group = self._beam_group(incremental_state, encoder_out, enc, enc_mask)
         states: List[Tensor] = [x]
         attentions: List[Dict[str, Optional[Tensor]]] = []
         for layer in self.layers:
@@ -114,12 +104,11 @@ class VaswaniDecoder(FairseqIncrementalDecoder):
                 self_attn_mask=self_attn_mask,
                 incremental_state=incremental_state,
                 need_weights=need_attn,
-                beam_group=beam_group,
+                beam=beam,
             )
             states.append(x)
             attentions.append(weights)
-        if self.layer_norm is not None:
-            x = self.layer_norm(x)
+        x = self.final_norm(x)
 
         attn: Optional[Tensor] = None
         if need_attn:
@@ -132,26 +121,41 @@ class VaswaniDecoder(FairseqIncrementalDecoder):
             extra["layer_attn"] = attentions
         return x, extra
 
-    def _beam_group(
-        self,
-        incremental_state: IncrementalState,
-        encoder_out: Optional[Dict[str, List[Tensor]]],
-        enc: Optional[Tensor],
-        enc_mask: Optional[Tensor],
-    ) -> int:
-        """Hypotheses per sentence (consecutive rows with the same encoder output), found on
-        the first decoding step and kept: from the encoder's beam expansion when it recorded
-        one (``beam_group``), else by comparing encoder rows; 1 without an encoder."""
-        state = self.get_incremental_state(incremental_state, "beam")
-        if state:
-            return state["group"]
-        group = 1
-        if encoder_out is not None and encoder_out.get("beam_group"):
-            group = int(encoder_out["beam_group"][0])
-        elif enc is not None:
-            group = identical_row_groups(enc, enc_mask)
-        self.set_incremental_state(incremental_state, "beam", {"group": group})
-        return group
+    # -- beam search ----------------------------------------------------------------------
+
+    def _beam_state(
+        self, incremental_state: IncrementalState, encoder_out: Optional[Dict[str, List]],
+        tokens: Tensor,
+    ) -> BeamState:
+        """The beam record of this decoding, made on its first step from the encoder output's
+        layout (one row per sentence when the batch was not expanded into beams)."""
+        saved = self.get_incremental_state(incremental_state, "beam")
+        if saved is not None:
+            return saved["state"]
+        recorded = encoder_out.get("beam_layout") if encoder_out is not None else None
+        layout = recorded[0] if recorded else BeamLayout(tokens.size(0))
+        beam = BeamState(layout, tokens.device)
+        self.set_incremental_state(incremental_state, "beam", {"state": beam})
+        return beam
+
+    def reorder_incremental_state_scripting(
+        self, incremental_state: IncrementalState, new_order: Tensor
+    ) -> None:
+        """Follow a beam reorder: interpret ``new_order`` once (:meth:`BeamState.follow`) and
+        hand the result to every cache; modules with a cache of their own (an extension's
+        attention) get fairseq's ``reorder_incremental_state`` call as usual."""
+        saved = self.get_incremental_state(incremental_state, "beam")
+        reorder = saved["state"].follow(new_order) if saved is not None else None
+        for module in self.modules():
+            if module is self:
+                continue
+            if hasattr(module, "reorder_beam"):
+                if reorder is not None:
+                    module.reorder_beam(incremental_state, reorder)
+            elif hasattr(module, "reorder_incremental_state"):
+                result = module.reorder_incremental_state(incremental_state, new_order)
+                if result is not None:
+                    incremental_state = result
 
     def _self_attention_mask(self, tokens: Tensor) -> Optional[Tensor]:
         """None (plain causal mask) unless a pad is followed by a real token in some row.
@@ -171,6 +175,3 @@ class VaswaniDecoder(FairseqIncrementalDecoder):
     def output_layer(self, features: Tensor) -> Tensor:
         """The pre-softmax linear transformation (§3.4)."""
         return self.output_projection(features)
-
-    def max_positions(self) -> int:
-        return self.cfg.max_target_positions

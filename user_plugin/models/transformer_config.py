@@ -9,7 +9,7 @@ configuration as plain containers, which load under torch's ``weights_only`` saf
 """
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from fairseq import utils
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
@@ -79,6 +79,69 @@ class VaswaniTransformerConfig(FairseqDataclass):
     )
 
 
+SIDES = ("encoder", "decoder")
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """The options of one stack, encoder or decoder, without the side in their names.
+
+    fairseq's option names carry the side (``--encoder-layers``, ``--decoder-layers``); the
+    stacks and their layers are written once for both sides and read this view instead
+    (:meth:`of`). ``cfg`` is the whole model configuration, for options of extensions.
+    """
+
+    side: str
+    embed_dim: int
+    ffn_embed_dim: int
+    layers: int
+    attention_heads: int
+    normalize_before: bool
+    learned_pos: bool
+    max_positions: int
+    dropout: float
+    attention_dropout: float
+    activation_dropout: float
+    activation_fn: str
+    key_dim: Optional[int]
+    value_dim: Optional[int]
+    scale_embedding: bool
+    cfg: Any = field(repr=False, compare=False)
+
+    @classmethod
+    def of(cls, cfg, side: str) -> "StackConfig":
+        """The ``side`` ("encoder" or "decoder") stack's options of the model config ``cfg``."""
+        if side not in SIDES:
+            raise ValueError(f"side must be one of {SIDES}, got {side!r}")
+
+        def sided(name: str):
+            return getattr(cfg, f"{side}_{name}")
+
+        return cls(
+            side=side,
+            embed_dim=sided("embed_dim"),
+            ffn_embed_dim=sided("ffn_embed_dim"),
+            layers=sided("layers"),
+            attention_heads=sided("attention_heads"),
+            normalize_before=bool(sided("normalize_before")),
+            learned_pos=bool(sided("learned_pos")),
+            max_positions=getattr(cfg, "max_source_positions" if side == "encoder"
+                                  else "max_target_positions"),
+            dropout=cfg.dropout,
+            attention_dropout=cfg.attention_dropout,
+            activation_dropout=cfg.activation_dropout,
+            activation_fn=str(cfg.activation_fn),
+            key_dim=cfg.attention_key_dim,
+            value_dim=cfg.attention_value_dim,
+            scale_embedding=not cfg.no_scale_embedding,
+            cfg=cfg,
+        )
+
+    def option(self, name: str) -> str:
+        """The command-line option of this side's ``name``: ``--encoder-embed-dim``..."""
+        return f"--{self.side}-{name.replace('_', '-')}"
+
+
 def validate_config(cfg) -> None:
     """Refuse impossible options when the model is built, naming the option at fault."""
 
@@ -86,17 +149,18 @@ def validate_config(cfg) -> None:
         if not condition:
             raise ValueError(f"vaswani_transformer: {message}")
 
-    for side in ("encoder", "decoder"):
-        layers = getattr(cfg, f"{side}_layers")
-        require(layers >= 1, f"--{side}-layers must be at least 1, got {layers}")
+    for side in SIDES:
+        stack = StackConfig.of(cfg, side)
+        require(stack.layers >= 1,
+                f"{stack.option('layers')} must be at least 1, got {stack.layers}")
         for name in ("embed_dim", "ffn_embed_dim", "attention_heads"):
-            value = getattr(cfg, f"{side}_{name}")
-            require(value >= 1, f"--{side}-{name.replace('_', '-')} must be positive, got {value}")
-        dim, heads = getattr(cfg, f"{side}_embed_dim"), getattr(cfg, f"{side}_attention_heads")
+            value = getattr(stack, name)
+            require(value >= 1, f"{stack.option(name)} must be positive, got {value}")
         require(
-            dim % heads == 0
-            or (cfg.attention_key_dim is not None and cfg.attention_value_dim is not None),
-            f"--{side}-embed-dim {dim} is not divisible by --{side}-attention-heads {heads}; "
+            stack.embed_dim % stack.attention_heads == 0
+            or (stack.key_dim is not None and stack.value_dim is not None),
+            f"{stack.option('embed_dim')} {stack.embed_dim} is not divisible by "
+            f"{stack.option('attention_heads')} {stack.attention_heads}; "
             "change one, or give --attention-key-dim and --attention-value-dim",
         )
     for name in ("dropout", "attention_dropout", "activation_dropout"):

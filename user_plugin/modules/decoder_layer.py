@@ -7,8 +7,8 @@ from typing import Dict, Optional, Tuple
 
 from torch import Tensor, nn
 
-from .attention import IncrementalState, MultiHeadAttention
-from .feed_forward import PositionWiseFeedForward
+from .attention import IncrementalState
+from .beam_state import BeamState
 from .residual import AddAndNorm
 
 
@@ -16,46 +16,23 @@ class DecoderLayer(nn.Module):
     """``y -> AddNorm(y, MaskedSelfAttn(y)) -> AddNorm(., EncDecAttn(., enc)) -> AddNorm(., FFN)``.
 
     Queries of the encoder-decoder attention come from the decoder, keys and values from the
-    encoder output (§3.2.3). Sub-layers come from overridable factory methods.
+    encoder output (§3.2.3).
+
+    Args:
+        stack: the decoder's options (:class:`~user_plugin.models.transformer_config.StackConfig`).
+        blocks: what builds the sub-layers (``build_self_attention``, ``build_encoder_attention``,
+            ``build_feed_forward``, each taking ``stack``): the model class.
     """
 
-    def __init__(self, cfg) -> None:
+    def __init__(self, stack, blocks) -> None:
         super().__init__()
-        dim = cfg.decoder_embed_dim
-        pre_norm = cfg.decoder_normalize_before
-        self.self_attn = self.build_self_attention(cfg)
-        self.self_attn_residual = AddAndNorm(dim, cfg.dropout, pre_norm)
-        self.encoder_attn = self.build_encoder_attention(cfg)
-        self.encoder_attn_residual = AddAndNorm(dim, cfg.dropout, pre_norm)
-        self.ffn = self.build_feed_forward(cfg)
-        self.ffn_residual = AddAndNorm(dim, cfg.dropout, pre_norm)
-
-    def build_self_attention(self, cfg) -> nn.Module:
-        return MultiHeadAttention(
-            cfg.decoder_embed_dim,
-            cfg.decoder_attention_heads,
-            key_dim=cfg.attention_key_dim,
-            value_dim=cfg.attention_value_dim,
-            dropout=cfg.attention_dropout,
-        )
-
-    def build_encoder_attention(self, cfg) -> nn.Module:
-        return MultiHeadAttention(
-            cfg.decoder_embed_dim,
-            cfg.decoder_attention_heads,
-            key_dim=cfg.attention_key_dim,
-            value_dim=cfg.attention_value_dim,
-            dropout=cfg.attention_dropout,
-            encoder_decoder=True,
-        )
-
-    def build_feed_forward(self, cfg) -> nn.Module:
-        return PositionWiseFeedForward(
-            cfg.decoder_embed_dim,
-            cfg.decoder_ffn_embed_dim,
-            activation_fn=str(cfg.activation_fn),
-            activation_dropout=cfg.activation_dropout,
-        )
+        dim, dropout, pre_norm = stack.embed_dim, stack.dropout, stack.normalize_before
+        self.self_attn = blocks.build_self_attention(stack)
+        self.self_attn_residual = AddAndNorm(dim, dropout, pre_norm)
+        self.encoder_attn = blocks.build_encoder_attention(stack)
+        self.encoder_attn_residual = AddAndNorm(dim, dropout, pre_norm)
+        self.ffn = blocks.build_feed_forward(stack)
+        self.ffn_residual = AddAndNorm(dim, dropout, pre_norm)
 
     def forward(
         self,
@@ -66,14 +43,13 @@ class DecoderLayer(nn.Module):
         causal: bool = True,
         incremental_state: Optional[IncrementalState] = None,
         need_weights: bool = False,
-        beam_group: Optional[int] = None,
+        beam: Optional[BeamState] = None,
     ) -> Tuple[Tensor, Dict[str, Optional[Tensor]]]:
         """y: [B, T, C]; encoder_out: [B, S, C]; encoder_mask: [B, 1, 1, S] (True = real token).
 
         ``self_attn_mask`` replaces the plain causal mask when the target batch has padding
-        that is not at the end. ``beam_group`` (incremental decoding): hypotheses per
-        sentence in consecutive rows, passed to both attentions' caches. Returns the output
-        and, if asked, the attention probabilities.
+        that is not at the end. ``incremental_state`` and ``beam``: decoding step by step.
+        Returns the output and, if asked, both attentions' probabilities.
         """
         h = self.self_attn_residual.sublayer_input(y)
         attended, self_weights = self.self_attn(
@@ -83,7 +59,7 @@ class DecoderLayer(nn.Module):
             is_causal=causal and self_attn_mask is None,
             incremental_state=incremental_state,
             need_weights=need_weights,
-            beam_group=beam_group,
+            beam=beam,
         )
         y = self.self_attn_residual(y, attended)
 
@@ -94,7 +70,7 @@ class DecoderLayer(nn.Module):
             attn_mask=encoder_mask,
             incremental_state=incremental_state,
             need_weights=need_weights,
-            beam_group=beam_group,
+            beam=beam,
         )
         y = self.encoder_attn_residual(y, attended)
 

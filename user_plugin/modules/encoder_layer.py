@@ -7,42 +7,26 @@ from typing import Optional, Tuple
 
 from torch import Tensor, nn
 
-from .attention import MultiHeadAttention
-from .feed_forward import PositionWiseFeedForward
 from .residual import AddAndNorm
 
 
 class EncoderLayer(nn.Module):
     """``x -> AddNorm(x, SelfAttention(x)) -> AddNorm(., FFN(.))``.
 
-    The sub-layers are built by the overridable factory methods :meth:`build_self_attention`
-    and :meth:`build_feed_forward`, so an extension can swap one block and keep the rest.
+    Args:
+        stack: the encoder's options (:class:`~user_plugin.models.transformer_config.StackConfig`).
+        blocks: what builds the sub-layers (``build_self_attention(stack)``,
+            ``build_feed_forward(stack)``): the model class, whose factories an extension
+            overrides to swap a block.
     """
 
-    def __init__(self, cfg) -> None:
+    def __init__(self, stack, blocks) -> None:
         super().__init__()
-        dim = cfg.encoder_embed_dim
-        self.self_attn = self.build_self_attention(cfg)
-        self.self_attn_residual = AddAndNorm(dim, cfg.dropout, cfg.encoder_normalize_before)
-        self.ffn = self.build_feed_forward(cfg)
-        self.ffn_residual = AddAndNorm(dim, cfg.dropout, cfg.encoder_normalize_before)
-
-    def build_self_attention(self, cfg) -> nn.Module:
-        return MultiHeadAttention(
-            cfg.encoder_embed_dim,
-            cfg.encoder_attention_heads,
-            key_dim=cfg.attention_key_dim,
-            value_dim=cfg.attention_value_dim,
-            dropout=cfg.attention_dropout,
-        )
-
-    def build_feed_forward(self, cfg) -> nn.Module:
-        return PositionWiseFeedForward(
-            cfg.encoder_embed_dim,
-            cfg.encoder_ffn_embed_dim,
-            activation_fn=str(cfg.activation_fn),
-            activation_dropout=cfg.activation_dropout,
-        )
+        self.self_attn = blocks.build_self_attention(stack)
+        self.self_attn_residual = AddAndNorm(stack.embed_dim, stack.dropout,
+                                             stack.normalize_before)
+        self.ffn = blocks.build_feed_forward(stack)
+        self.ffn_residual = AddAndNorm(stack.embed_dim, stack.dropout, stack.normalize_before)
 
     def forward(
         self, x: Tensor, attn_mask: Optional[Tensor], need_weights: bool = False
