@@ -3,7 +3,7 @@
 Decoding one target position at a time, each attention keeps the keys and values it has already
 computed. Beam search reorders its hypotheses after every step; the usual cache follows by
 copying all cached keys and values of every layer (``index_select``), after growing them by
-concatenation (``cat``), which profiling showed to be the largest cost of decoding on a CPU.
+concatenation (``cat``): the largest cost of CPU decoding (docs/benchmark.md).
 
 Both caches here store per *sentence*, as the :class:`~.beam_state.BeamState` lays rows out, and
 copy nothing on a reorder that keeps hypotheses within their sentences:

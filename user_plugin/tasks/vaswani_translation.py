@@ -1,6 +1,6 @@
 """The ``vaswani_translation`` task: fairseq's ``translation`` decoding as the paper does (§6.1).
 
-It is fairseq's ``translation`` task (same options, same data) with two changes:
+It is fairseq's ``translation`` task (same options, same data) with three changes:
 
 * ``build_generator`` builds :class:`~user_plugin.generation.GNMTSequenceGenerator`, so that
   ``fairseq-generate``, ``fairseq-interactive``, ``--eval-bleu`` validation and
