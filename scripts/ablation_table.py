@@ -27,24 +27,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
-import pickle
 import re
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-# ``import user_plugin`` from any working directory; ``import _cli`` when imported as a module.
+# ``import user_plugin`` from any directory, logging set up first (see user_plugin.files).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
 
-from _cli import UserError, atomic_write_text, first_line, read_lines, run_main
+from user_plugin.files import (  # noqa: E402
+    UserError,
+    atomic_write_text,
+    read_checkpoint,
+    read_lines,
+    run_main,
+)
 
 PARAMS_PATTERN = re.compile(r"num\. (?:shared )?model params: ([\d,]+)")
-#: What ``torch.load`` raises for foreign or truncated files (zip errors are RuntimeErrors).
-LOAD_ERRORS = (RuntimeError, pickle.UnpicklingError, EOFError, ValueError, OSError, TypeError,
-               AttributeError, KeyError, IndexError, ImportError)
 BLEU_PATTERN = re.compile(r"Generate \S+ with beam=\d+: .*?\bBLEU4? = (-?[\d.]+|nan|inf)")
 
 
@@ -121,16 +124,8 @@ def parse_bleu(text: str, source: str) -> float:
 def read_checkpoint_config(path: Path) -> dict:
     """``cfg`` and the number of updates of a fairseq checkpoint, loaded without the weights'
     copy into memory (memory-mapped) and with torch's safe loading."""
-    import torch
-
-    if not path.is_file():
-        raise UserError(f"{path}: no such checkpoint")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except LOAD_ERRORS as error:
-        problem = first_line(error)
-        raise UserError(f"{path}: not a readable fairseq checkpoint ({problem})") from None
-    if not isinstance(state, dict) or not isinstance(state.get("cfg"), dict):
+    state = read_checkpoint(path, mmap=True, required=("cfg",))
+    if not isinstance(state["cfg"], dict):
         raise UserError(f"{path}: not a fairseq checkpoint (no 'cfg')")
     history = state.get("optimizer_history") or [{}]
     return {"cfg": state["cfg"], "num_updates": int(history[-1].get("num_updates", 0))}

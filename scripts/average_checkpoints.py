@@ -29,26 +29,21 @@ from __future__ import annotations
 
 import argparse
 import logging
-import pickle
 import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-# ``import user_plugin`` from any working directory; ``import _cli`` when imported as a module.
+# ``import user_plugin`` from any directory, logging set up first (see user_plugin.files).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
 
-import torch
-from _cli import UserError, atomic_write, first_line, run_main
+import torch  # noqa: E402
+
+from user_plugin.files import UserError, atomic_write, read_checkpoint, run_main  # noqa: E402
 
 UPDATE_CHECKPOINT = re.compile(r"checkpoint_(\d+)_(\d+)\.pt")
 EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt")
-
-#: What ``torch.load`` raises for truncated, foreign or unsafe files (zip reader errors are
-#: RuntimeErrors, pickle garbage is an UnpicklingError, an empty file an EOFError).
-LOAD_ERRORS = (RuntimeError, pickle.UnpicklingError, EOFError, ValueError, OSError, TypeError,
-               AttributeError, KeyError, IndexError, ImportError)
 
 #: Top-level fields not copied to the averaged checkpoint: the optimizer's moments are as large
 #: as the model (twice, for Adam) and mean nothing for the averaged parameters.
@@ -91,51 +86,10 @@ def select_checkpoints(directory: Path, count: int, by: str = "update",
     return [path for _, path in found[:count]]
 
 
-def allow_fairseq_types() -> None:
-    """Import the plugin, whose ``__init__`` allow-lists fairseq's checkpoint types for
-    ``torch.load(weights_only=True)`` (it imports fairseq, which takes a few seconds)."""
-    import user_plugin  # noqa: F401
-
-
-def _load_error_reason(error: BaseException) -> str:
-    """A short reason for a failed ``torch.load``: the refused type for unsafe files, else the
-    error's type and the first sentence of its message (truncated zips explain at length)."""
-    unsafe = re.search(r"Unsupported global: [^\n]*", str(error))
-    if unsafe:
-        return f"refused by safe loading: {unsafe.group(0).split('. ')[0]}"
-    message = first_line(error)
-    if message == type(error).__name__:
-        return message
-    return f"{type(error).__name__}: {message.split('. ')[0]}"
-
-
 def load_checkpoint(path: Path) -> dict:
-    """Load a fairseq checkpoint on the CPU under safe loading, or raise :class:`UserError`."""
-    allow_fairseq_types()
-    from user_plugin.hub import checkpoint_file_problem
-
-    path = Path(path)
-    try:
-        problem = checkpoint_file_problem(path)
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a directory, expected a checkpoint file") from None
-    except OSError as error:
-        raise UserError(f"{path}: cannot read ({first_line(error)})") from None
-    if problem is not None:
-        raise UserError(f"{path}: not a readable PyTorch checkpoint ({problem})")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a directory, expected a checkpoint file") from None
-    except LOAD_ERRORS as error:
-        raise UserError(f"{path}: not a readable PyTorch checkpoint "
-                        f"({_load_error_reason(error)})") from None
-    if not isinstance(state, dict) or "model" not in state:
-        raise UserError(f"{path}: not a fairseq checkpoint (no 'model' entry)")
+    """Load a fairseq checkpoint on the CPU under safe loading, as saved (no upgrade), or raise
+    :class:`UserError` naming the file; its ``model`` must be a non-empty dict of tensors."""
+    state = read_checkpoint(path)
     model = state["model"]
     if not isinstance(model, dict) or not model:
         raise UserError(f"{path}: the 'model' entry is not a non-empty state dict")
@@ -296,8 +250,6 @@ def resolve_inputs(args: argparse.Namespace) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # Before fairseq is imported: its text_to_speech task configures INFO logging on import.
-    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
     args = build_parser().parse_args(argv)
     paths = resolve_inputs(args)
     print(f"averaging {len(paths)} checkpoint(s): {', '.join(str(path) for path in paths)}",

@@ -40,6 +40,7 @@ import argparse
 import gc
 import hashlib
 import json
+import logging
 import math
 import os
 import resource
@@ -55,12 +56,13 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 from torch import nn
 
+# ``import user_plugin`` from any directory, logging set up first (see user_plugin.files).
 REPO = Path(__file__).resolve().parents[1]
-for _path in (REPO, REPO / "tests", REPO / "scripts"):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
 
-from _cli import UserError, atomic_write_text, run_main  # noqa: E402
+from user_plugin.files import UserError, atomic_write_text, run_main  # noqa: E402
 
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "multi30k-en-de"
 IMPLS = ("ours", "builtin")
@@ -226,8 +228,10 @@ def model_cfg(args):
 
 def build_models(args, dictionary, work: Path, fresh: bool):
     """Our model and fairseq's with the same hyperparameters; weights copied fairseq -> ours."""
-    from fairseq_reference import build_fairseq_transformer, copy_fairseq_weights_into_ours
-
+    from user_plugin.builtin_transformer import (
+        build_fairseq_transformer,
+        copy_fairseq_weights_into_ours,
+    )
     from user_plugin.models.vaswani_transformer import VaswaniTransformerModel
 
     task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
@@ -309,26 +313,6 @@ def sweep_batch(train_pairs, length: int, sentences: int, eos: int) -> list:
 
 # --------------------------------------------------------------------------------------------
 # the worker: one model, one measurement, in a fresh process
-
-
-class LastStepPositions(nn.Module):
-    """Our §3.5 encoding behind fairseq's positional-module interface (given to the built-in
-    model), that computes only the newest position when decoding incrementally."""
-
-    def __init__(self, table: torch.Tensor, padding_idx: int) -> None:
-        super().__init__()
-        self.register_buffer("table", table, persistent=False)
-        self.padding_idx = padding_idx
-        self.max_positions = table.size(0)
-
-    def forward(self, tokens, incremental_state=None, timestep=None, positions=None):
-        from user_plugin.modules.positional_encoding import token_positions
-
-        real = tokens.ne(self.padding_idx)
-        if incremental_state is not None:
-            last = (real.sum(dim=1, keepdim=True) - 1).clamp_(min=0)
-            return self.table[last] * real[:, -1:].unsqueeze(-1)
-        return self.table[token_positions(tokens, self.padding_idx)] * real.unsqueeze(-1)
 
 
 class ProjectionsOnlyAttention(nn.Module):
@@ -457,7 +441,7 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
 
         model = VaswaniTransformerModel.build_model(cfg, task)
     else:
-        from fairseq_reference import build_fairseq_transformer
+        from user_plugin.builtin_transformer import build_fairseq_transformer
 
         model = build_fairseq_transformer(None, task, cfg)
     model.load_state_dict(torch.load(work / f"{'ours' if impl == BOUND else impl}.pt"))
@@ -465,12 +449,14 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
         if mode != "decode-sweep":
             raise ValueError("the attention-free bound is only measured at fixed output lengths")
         attention_free(model)
-    if impl == "builtin":  # our §3.5 table, so that both models compute the same function
-        from user_plugin.modules.positional_encoding import sinusoidal_table
+    if impl == "builtin":  # our §3.5 encoding, so that both models compute the same function
+        from user_plugin.builtin_transformer import OurPositionsForFairseq
+        from user_plugin.modules.positional_encoding import SinusoidalPositionalEncoding
 
-        table = sinusoidal_table(max_positions(args), model.encoder.embed_tokens.embedding_dim)
         for side in (model.encoder, model.decoder):
-            side.embed_positions = LastStepPositions(table, dictionary.pad())
+            encoding = SinusoidalPositionalEncoding(side.embed_tokens.embedding_dim,
+                                                    max_positions(args))
+            side.embed_positions = OurPositionsForFairseq(encoding, dictionary.pad())
     model.to(device)
     amp_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
 

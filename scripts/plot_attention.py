@@ -37,10 +37,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# ``import user_plugin`` from any directory, logging set up first (see user_plugin.files).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
 
-from _cli import UserError, atomic_write, run_main
+from user_plugin.files import atomic_write, run_main  # noqa: E402
 
 KINDS = ("encoder_self", "decoder_self", "encoder_decoder")
 
@@ -71,7 +72,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def load(args: argparse.Namespace):
-    from user_plugin.hub import HubError, load_translator
+    """The translator of ``--model-dir`` or ``--checkpoint``; a bad file is a
+    :class:`~user_plugin.hub.HubError`, one line naming it."""
+    from user_plugin.hub import load_translator
 
     if args.model_dir is not None:
         model_dir, checkpoints = args.model_dir, None
@@ -80,16 +83,13 @@ def load(args: argparse.Namespace):
     def absolute(path: Path | None) -> Path | None:
         return None if path is None else path.resolve()
 
-    try:
-        return load_translator(
-            model_dir, checkpoints=checkpoints, data_dir=args.data_dir,
-            source_lang=args.source_lang, target_lang=args.target_lang,
-            bpe_codes=absolute(args.bpe_codes),
-            sentencepiece_model=absolute(args.sentencepiece_model),
-            moses=False if args.tokenized else None,
-        )
-    except HubError as error:
-        raise UserError(str(error)) from None
+    return load_translator(
+        model_dir, checkpoints=checkpoints, data_dir=args.data_dir,
+        source_lang=args.source_lang, target_lang=args.target_lang,
+        bpe_codes=absolute(args.bpe_codes),
+        sentencepiece_model=absolute(args.sentencepiece_model),
+        moses=False if args.tokenized else None,
+    )
 
 
 def attention_maps(model, src_tokens, tgt_tokens, eos: int) -> dict:

@@ -22,17 +22,29 @@ run never leaves a truncated file behind. Bad input gives one line on stderr and
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
+import shutil
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
 from multiprocessing import Pool
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# ``import user_plugin`` from any directory, logging set up first (see user_plugin.files).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
 
-from _cli import UserError, atomic_write, first_line, run_main
+from user_plugin.files import (  # noqa: E402
+    UserError,
+    atomic_write,
+    file_error,
+    first_line,
+    iter_lines,
+    make_temp_dir,
+    run_main,
+)
 
 CHUNK_LINES = 2000
 SEG_PATTERN = re.compile(r"<seg[^>]*>(.*)</seg>")
@@ -40,28 +52,6 @@ SEG_PATTERN = re.compile(r"<seg[^>]*>(.*)</seg>")
 
 # ---------------------------------------------------------------------------------------------
 # Reading and writing line-aligned text
-
-
-def open_text(path: Path):
-    """Open a UTF-8 text file for reading; only ``\\n`` ends a line (a stray CR stays inside)."""
-    try:
-        return open(path, encoding="utf-8", newline="\n")
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a directory, expected a text file") from None
-    except OSError as error:
-        raise UserError(f"{path}: cannot read ({first_line(error)})") from None
-
-
-def iter_lines(path: Path) -> Iterator[str]:
-    """The lines of ``path`` without their ``\\n``; a decoding error names the file."""
-    with open_text(path) as handle:
-        try:
-            for line in handle:
-                yield line.removesuffix("\n")
-        except UnicodeDecodeError:
-            raise UserError(f"{path}: not valid UTF-8 text") from None
 
 
 def write_lines(path: Path, lines: Iterable[str]) -> int:
@@ -90,10 +80,8 @@ def count_lines(path: Path) -> int:
                     break
                 count += block.count(b"\n")
                 last = block[-1:]
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a directory, expected a text file") from None
+    except OSError as error:
+        raise file_error(path, error, expected="a text file") from None
     return count + (1 if last not in (b"", b"\n") else 0)
 
 
@@ -270,23 +258,30 @@ def spm_train(inputs: Sequence[Path], model_prefix: Path, vocab_size: int, model
         if count_lines(path) == 0:
             raise UserError(f"{path}: empty, cannot train SentencePiece on it")
     model_prefix = Path(model_prefix)
-    temp_prefix = model_prefix.with_name(f".{model_prefix.name}.{os.getpid()}.tmp")
+    temp_dir = make_temp_dir(model_prefix)
+    temp_prefix = temp_dir / model_prefix.name
     try:
-        spm.SentencePieceTrainer.train(
-            input=",".join(str(p) for p in inputs),
-            model_prefix=str(temp_prefix),
-            vocab_size=vocab_size,
-            model_type=model_type,
-            character_coverage=character_coverage,
-            input_sentence_size=input_sentence_size,
-            shuffle_input_sentence=True,
-            hard_vocab_limit=False,
-            minloglevel=2,
-        )
-    except (RuntimeError, OSError) as error:
-        raise UserError(f"SentencePiece training failed: {first_line(error)}") from None
-    for suffix in (".model", ".vocab"):
-        os.replace(f"{temp_prefix}{suffix}", f"{model_prefix}{suffix}")
+        try:
+            spm.SentencePieceTrainer.train(
+                input=",".join(str(p) for p in inputs),
+                model_prefix=str(temp_prefix),
+                vocab_size=vocab_size,
+                model_type=model_type,
+                character_coverage=character_coverage,
+                input_sentence_size=input_sentence_size,
+                shuffle_input_sentence=True,
+                hard_vocab_limit=False,
+                minloglevel=2,
+            )
+        except (RuntimeError, OSError) as error:
+            raise UserError(f"SentencePiece training failed: {first_line(error)}") from None
+        for suffix in (".model", ".vocab"):
+            try:
+                os.replace(f"{temp_prefix}{suffix}", f"{model_prefix}{suffix}")
+            except OSError as error:
+                raise file_error(f"{model_prefix}{suffix}", error, writing=True) from None
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def _init_spm_worker(model: str) -> None:

@@ -13,7 +13,8 @@ steps in Python for both sides:
    it off; the paper's EN-FR numbers do not use it);
 3. corpus BLEU of the whitespace-separated tokens as ``multi-bleu.perl`` computes it: clipped
    n-gram precisions for n = 1..4 summed over the corpus, geometric mean, brevity penalty
-   ``exp(1 - ref_len / hyp_len)`` when the output is shorter, 0 when a precision is 0.
+   ``exp(1 - ref_len / hyp_len)`` when the output is shorter, 0 when a precision is 0. This is
+   sacreBLEU's corpus BLEU of pre-tokenized text (``tokenize="none"``, no smoothing).
 
 It also reports sacreBLEU on the detokenized text, with its signature, the number to compare
 across papers (typically 0.5-1.5 lower than the tokenized one).
@@ -26,18 +27,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
+import logging
 import re
 import sys
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-# ``import _cli`` when this file is imported as a module.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# ``import user_plugin`` from any directory, logging set up first (see user_plugin.files).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
 
-from _cli import UserError, atomic_write_text, read_lines, run_main
+from user_plugin.files import UserError, atomic_write_text, read_lines, run_main  # noqa: E402
 
 #: ``perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'`` on bytes: ASCII whitespace only.
 COMPOUND_HYPHEN = re.compile(r"(\S)-(\S)", re.ASCII)
@@ -84,41 +85,31 @@ class BleuResult:
                 f"ratio={self.ratio:.3f}, hyp_len={self.hyp_len}, ref_len={self.ref_len})")
 
 
-def ngram_counts(words: Sequence[str], order: int) -> Counter:
-    """How often each n-gram of length ``order`` occurs in ``words``."""
-    return Counter(tuple(words[i:i + order]) for i in range(len(words) - order + 1))
-
-
 def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> BleuResult:
-    """Corpus BLEU of tokenized lines (one reference each), as ``multi-bleu.perl`` computes it."""
+    """Corpus BLEU of tokenized lines (one reference each), as ``multi-bleu.perl`` computes it.
+
+    sacreBLEU counts the n-grams (``tokenize="none"``: its input is already tokenized; no
+    smoothing, so a zero precision gives 0 as in ``multi-bleu.perl``). It splits lines with
+    ``str.split``, at any Unicode whitespace, where ``multi-bleu.perl`` splits at ASCII
+    whitespace only: each token is therefore handed to it as a number standing for that token,
+    so that a token holding, say, a no-break space stays one token.
+    """
+    from sacrebleu.metrics import BLEU
+
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
-    matches = [0] * MAX_ORDER
-    totals = [0] * MAX_ORDER
-    hyp_len = ref_len = 0
-    for hypothesis, reference in zip(hypotheses, references):
-        hyp_words, ref_words = tokens(hypothesis), tokens(reference)
-        hyp_len += len(hyp_words)
-        ref_len += len(ref_words)
-        for n in range(1, MAX_ORDER + 1):
-            hyp_ngrams, ref_ngrams = ngram_counts(hyp_words, n), ngram_counts(ref_words, n)
-            totals[n - 1] += sum(hyp_ngrams.values())
-            matches[n - 1] += sum(min(count, ref_ngrams[g]) for g, count in hyp_ngrams.items())
-    if ref_len == 0:
+    numbers: dict[str, str] = {}
+
+    def numbered(line: str) -> str:
+        return " ".join(numbers.setdefault(token, str(len(numbers))) for token in tokens(line))
+
+    metric = BLEU(tokenize="none", smooth_method="none", max_ngram_order=MAX_ORDER, force=True)
+    result = metric.corpus_score([numbered(line) for line in hypotheses],
+                                 [[numbered(line) for line in references]])
+    if result.ref_len == 0:
         raise UserError("the references have no tokens")
-    precisions = [m / t if t else 0.0 for m, t in zip(matches, totals)]
-    if hyp_len == 0:
-        brevity_penalty = 0.0
-    elif hyp_len < ref_len:
-        brevity_penalty = math.exp(1 - ref_len / hyp_len)
-    else:
-        brevity_penalty = 1.0
-    if min(precisions) > 0:
-        score = brevity_penalty * math.exp(sum(math.log(p) for p in precisions) / MAX_ORDER)
-    else:
-        score = 0.0
-    return BleuResult(100 * score, [100 * p for p in precisions], brevity_penalty,
-                      hyp_len / ref_len, hyp_len, ref_len)
+    return BleuResult(result.score, list(result.precisions), result.bp,
+                      result.sys_len / result.ref_len, result.sys_len, result.ref_len)
 
 
 def tokenized_bleu(hypotheses: Sequence[str], references: Sequence[str], lang: str,

@@ -17,7 +17,8 @@ from conftest import SHARED_DATA, require_data, tokenize_file
 
 sys.path.insert(0, str(REPO / "scripts"))
 import ablation_table
-from _cli import UserError
+
+from user_plugin.files import UserError
 
 ABLATION_SH = REPO / "recipes" / "wmt14_en_de" / "ablation.sh"
 TABLE_SCRIPT = REPO / "scripts" / "ablation_table.py"

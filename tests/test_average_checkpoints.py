@@ -11,11 +11,10 @@ import pytest
 import torch
 from conftest import MULTI30K, REPO, require_data
 
+from user_plugin.files import UserError, run_main
+
 sys.path.insert(0, str(REPO / "scripts"))
 avg = importlib.import_module("average_checkpoints")
-_cli = importlib.import_module("_cli")
-UserError = _cli.UserError
-run_main = _cli.run_main
 
 SCRIPT = REPO / "scripts" / "average_checkpoints.py"
 USER_DIR = str(REPO / "user_plugin")

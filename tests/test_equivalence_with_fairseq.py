@@ -4,7 +4,8 @@ weights compute the same function: training forward, incremental decoding, and b
 import pytest
 import torch
 from conftest import TINY, build_vaswani, fake_task, make_dictionary, random_batch
-from fairseq_reference import (
+
+from user_plugin.builtin_transformer import (
     OurPositionsForFairseq,
     build_fairseq_transformer,
     copy_fairseq_weights_into_ours,

@@ -23,11 +23,11 @@ from cli import PAPER_OPTIMIZATION_ARGS, REPO, TINY_MODEL_ARGS, USER_DIR, fairse
 from conftest import TINY, build_vaswani, make_dictionary
 
 from user_plugin import hub
+from user_plugin.files import run_main
 
 sys.path.insert(0, str(REPO / "scripts"))
 average_checkpoints = importlib.import_module("average_checkpoints")
 prepare_text = importlib.import_module("prepare_text")
-run_main = importlib.import_module("_cli").run_main
 NOISE = ("Warning", "warnings.warn", "tensorboardX", "autocast")  # library chatter on stderr
 
 WRAPPER = r'''

@@ -12,10 +12,10 @@ import sys
 import pytest
 from conftest import REPO
 
+from user_plugin.files import run_main
+
 sys.path.insert(0, str(REPO / "scripts"))
 score = importlib.import_module("score_translation")
-_cli = importlib.import_module("_cli")
-run_main = _cli.run_main
 
 SCRIPT = REPO / "scripts" / "score_translation.py"
 

@@ -6,36 +6,15 @@ without iopath is ``shutil.copyfile`` straight onto the destination. A process k
 copy leaves a truncated ``checkpoint_last.pt``, and the next run fails to resume from it.
 
 :func:`install_atomic_checkpoint_copy`, called by the plugin's ``__init__``, makes those copies
-atomic (a temporary file in the destination's directory, then ``os.replace``).
+atomic with :func:`~user_plugin.files.atomic.atomic_copy` (a temporary file in the destination's
+directory, then ``os.replace``).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 
-
-def _atomic_local_copy(src_path: str, dst_path: str) -> None:
-    """Copy ``src_path`` to a temporary file next to ``dst_path``, then ``os.replace`` it there:
-    a reader (or a resumed run) sees the old ``dst_path`` or the complete copy, never a part."""
-    directory = os.path.dirname(os.path.abspath(dst_path))
-    handle, temp = tempfile.mkstemp(
-        prefix=f".{os.path.basename(dst_path)}.", suffix=".tmp", dir=directory
-    )
-    os.close(handle)
-    try:
-        shutil.copyfile(src_path, temp)
-        mask = os.umask(0o022)
-        os.umask(mask)
-        os.chmod(temp, 0o666 & ~mask)  # mkstemp creates 0600; give the copy the usual mode
-        os.replace(temp, dst_path)
-    except BaseException:
-        try:
-            os.unlink(temp)
-        except FileNotFoundError:
-            pass
-        raise
+from .files.atomic import atomic_copy
 
 
 def install_atomic_checkpoint_copy() -> None:
@@ -64,7 +43,7 @@ def install_atomic_checkpoint_copy() -> None:
                 return current.copy(src_path, dst_path, overwrite=overwrite)
             if not overwrite and os.path.exists(dst_path):
                 return False
-            _atomic_local_copy(src_path, dst_path)
+            atomic_copy(src_path, dst_path)
             return True
 
     checkpoint_utils.PathManager = AtomicCopyPathManager

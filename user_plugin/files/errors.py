@@ -1,0 +1,67 @@
+"""Errors the user can fix, reported as one line: what the plugin and the scripts raise for bad
+input or unusable files, and how a command line turns them into ``prog: error: ...``.
+
+A user who gives a missing, unreadable or malformed file gets one line on stderr that names the
+file and what is wrong, and a non-zero exit status, never a traceback. :func:`file_error` is
+the one place where operating-system and decoding errors about a path become such a line.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+
+class UserError(Exception):
+    """A problem with the user's input or files, reported as one line without a traceback."""
+
+
+def first_line(error: BaseException, with_type: bool = False) -> str:
+    """The first non-empty line of an exception's message, or its type name when it has none.
+
+    With ``with_type`` the type name is put in front (``KeyError: 'cfg'``), for errors whose
+    message alone does not say what went wrong.
+    """
+    name = type(error).__name__
+    for line in str(error).splitlines():
+        if line.strip():
+            return f"{name}: {line.strip()}" if with_type else line.strip()
+    return name
+
+
+def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None,
+             prog: str) -> int:
+    """Call ``main(argv)``; turn a :class:`UserError` into ``prog: error: ...`` and status 1."""
+    try:
+        return main(argv)
+    except UserError as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return 1
+
+
+def _os_reason(error: OSError) -> str:
+    """What an ``OSError`` says, without the file name it repeats: ``permission denied``,
+    ``no space left on device``..."""
+    if error.strerror:
+        return error.strerror[:1].lower() + error.strerror[1:]
+    return first_line(error)
+
+
+def file_error(path: str | os.PathLike, error: OSError | UnicodeDecodeError, writing: bool = False,
+               expected: str = "a file") -> UserError:
+    """The one-line :class:`UserError` for ``error``, raised while reading (or ``writing``)
+    ``path``: ``PATH: no such file``, ``PATH: is a directory, expected <expected>``,
+    ``PATH: not valid UTF-8 text``, or ``PATH: cannot read (permission denied)`` and the like
+    (``cannot write (no space left on device)`` ...).
+
+    Raise it with ``from None``: the line says all the user needs.
+    """
+    if isinstance(error, UnicodeDecodeError):
+        return UserError(f"{path}: not valid UTF-8 text")
+    if isinstance(error, FileNotFoundError) and not writing:
+        return UserError(f"{path}: no such file")
+    if isinstance(error, IsADirectoryError):
+        return UserError(f"{path}: is a directory, expected {expected}")
+    action = "write" if writing else "read"
+    return UserError(f"{path}: cannot {action} ({_os_reason(error)})")

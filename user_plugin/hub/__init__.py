@@ -1,0 +1,71 @@
+"""Translate raw text with trained checkpoints, decoding as the paper does (§6.1).
+
+::
+
+    from user_plugin.hub import load_translator
+
+    translator = load_translator("path/to/model_dir", source_lang="en", target_lang="de")
+    translator.translate("A man is riding a bike.")            # -> "Ein Mann fährt ..."
+    translator.translate(["One sentence.", "Another one."])    # -> [str, str]
+    translator.translate("A dog runs.", nbest=3)               # -> [str, str, str], best first
+    load_translator("model_dir", checkpoints=["a.pt", "b.pt"])  # an ensemble (averaged probs)
+
+A model directory holds (names tried in this order, each overridable by a keyword):
+
+* checkpoints: ``checkpoint_best.pt``, ``checkpoint_last.pt``, ``model.pt`` (or ``checkpoints=``,
+  paths relative to the directory or absolute; several = an ensemble);
+* the dictionaries ``dict.<src>.txt`` and ``dict.<tgt>.txt`` (or ``data_dir=`` a
+  ``fairseq-preprocess`` output);
+* optional subword model: subword-nmt codes ``bpecodes`` / ``codes`` / ``code``
+  (``bpe_codes=``), or a SentencePiece model ``sentencepiece.bpe.model`` / ``spm.model``
+  (``sentencepiece_model=``).
+
+Text goes through sacremoses ``tokenize`` (source language, no escaping) unless a SentencePiece
+model is used (``moses=`` overrides), then BPE, then the source dictionary; outputs go back
+through the target dictionary, BPE removal and sacremoses ``detokenize`` (target language).
+The languages come from the keywords, the checkpoint, or the binarized file names in the data
+directory.
+
+Decoding defaults are the paper's: beam 4, GNMT length penalty with alpha 0.6, at most
+source length + 50 output tokens per sentence (the ``vaswani_translation`` task's generator).
+
+Command line: ``python -m user_plugin.hub MODEL_DIR [--source-lang en --target-lang de ...]``
+translates stdin line by line.
+
+Modules: :mod:`.model_files` (finding a model directory's files and its language pair),
+:mod:`.text_codec` (:class:`TextCodec`), :mod:`.translator` (:class:`Translator`),
+:mod:`.loader` (:func:`load_translator`), :mod:`.cli` (``main``), :mod:`.errors`
+(:class:`HubError`).
+"""
+
+from .cli import main
+from .errors import HubError
+from .loader import load_translator
+from .model_files import (
+    BPE_CODES_NAMES,
+    CHECKPOINT_NAMES,
+    SENTENCEPIECE_NAMES,
+    ModelFiles,
+    find_model_files,
+    language_pair,
+)
+from .text_codec import TextCodec
+from .translator import Translator, max_source_tokens
+
+#: ``max_source_tokens`` under the name the fault tests read it by.
+_max_source_tokens = max_source_tokens
+
+__all__ = [
+    "BPE_CODES_NAMES",
+    "CHECKPOINT_NAMES",
+    "SENTENCEPIECE_NAMES",
+    "HubError",
+    "ModelFiles",
+    "TextCodec",
+    "Translator",
+    "find_model_files",
+    "language_pair",
+    "load_translator",
+    "main",
+    "max_source_tokens",
+]
