@@ -56,7 +56,8 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 from torch import nn
 
-# ``import user_plugin`` from any directory, logging set up first (see user_plugin.files).
+# ``import user_plugin`` from any directory; logging set up before fairseq is imported (see
+# user_plugin.files).
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -421,7 +422,7 @@ def peak_flops(args) -> Optional[float]:
 def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
     from fairseq.data import Dictionary
 
-    import user_plugin  # noqa: F401  (registers our model and criterion)
+    import user_plugin.registration  # noqa: F401  (our model and criterion)
 
     args = argparse.Namespace(**spec["args"])
     for key in ("data", "work_dir", "json_out"):

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main() -> None:
     from fairseq.dataclass.utils import gen_parser_from_dataclass
 
-    import user_plugin  # noqa: F401  (registers everything)
+    import user_plugin.registration  # noqa: F401  (registers everything)
     from user_plugin.criterions.label_smoothed_cross_entropy import (
         LabelSmoothedCrossEntropyConfig,
     )

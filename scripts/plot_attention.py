@@ -37,7 +37,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-# ``import user_plugin`` from any directory, logging set up first (see user_plugin.files).
+# ``import user_plugin`` from any directory; logging set up before fairseq is imported (see
+# user_plugin.files).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
 

@@ -17,7 +17,7 @@ if str(REPO) not in sys.path:
 
 from fairseq.data import Dictionary  # noqa: E402
 
-import user_plugin  # noqa: E402,F401  (registers the plugin)
+import user_plugin.registration  # noqa: E402,F401  (registers the plugin)
 
 SHARED_DATA = Path(os.environ.get("VASWANI_SHARED_DATA", REPO.parent / "shared" / "data"))
 MULTI30K = SHARED_DATA / "multi30k-en-de"

@@ -52,7 +52,7 @@ kill_in_copy = int(os.environ.get("FAULT_KILL_IN_COPY_TO_LAST", "0"))
 
 if os.environ.get("FAULT_FAIRSEQ_COPY") == "1":
     # the control: the plugin imported, then fairseq's own (non-atomic) copy put back
-    import user_plugin  # noqa: F401
+    import user_plugin.registration  # noqa: F401
     from fairseq import checkpoint_utils
     from fairseq.file_io import PathManager
     checkpoint_utils.PathManager = PathManager

@@ -10,7 +10,7 @@ import pytest
 import torch
 from cli import USER_DIR, hypotheses, run_fairseq
 
-import user_plugin  # noqa: F401
+import user_plugin.registration  # noqa: F401
 
 
 @pytest.fixture(scope="module")

@@ -1,25 +1,16 @@
 """vaswani: the Transformer of *Attention Is All You Need* as a fairseq plugin.
 
-``fairseq-train --user-dir user_plugin --arch vaswani_base ...`` imports this package, which
-registers (each module names the paper section it implements):
+``fairseq-train --user-dir user_plugin --arch vaswani_base ...`` loads this package; fairseq's
+loader then imports ``tasks/`` and ``models/``, and through them :mod:`.registration` registers
+the model, its architectures, the criterion, the LR scheduler and the task, and makes
+checkpoints load under torch's safe loading.
 
-* model ``vaswani_transformer`` and its architectures (``models/``);
-* criterion ``vaswani_label_smoothed_cross_entropy`` (``criterions/``, §5.4);
-* LR scheduler ``vaswani_inverse_sqrt`` (``lr_schedulers/``, §5.3);
-* task ``vaswani_translation`` with the paper's beam search settings (``tasks/``, §6.1);
+Importing the package itself is cheap (no torch, no fairseq), so that the plain file helpers of
+:mod:`.files` and the paper's settings (:mod:`.paper`) serve scripts quickly. From Python,
+``import user_plugin.registration`` registers everything; :mod:`.hub` and the scripts do it.
 
-allow-lists the types in fairseq checkpoints for torch's safe loading (``safe_loading``), and
-makes fairseq's checkpoint copies atomic (``atomic_checkpoint_copy``).
+Where each part of the paper lives: ``modules/`` (§3.2 attention, §3.3 feed-forward, §3.5
+positions, the residual wrapping of §3.1, beam-search state and caches), ``models/`` (§3.1
+stacks, §3.4 embeddings, Table 3 architectures), ``criterions/`` (§5.4), ``lr_schedulers/``
+(§5.3), ``tasks/`` and ``generation/`` (§6.1), ``paper.py`` (the paper's numbers).
 """
-
-from .atomic_checkpoint_copy import install_atomic_checkpoint_copy
-from .safe_loading import allow_fairseq_checkpoint_globals
-
-allow_fairseq_checkpoint_globals()
-install_atomic_checkpoint_copy()
-
-# Registration happens on import; safe loading must be allowed first, hence the late imports.
-from . import criterions, lr_schedulers, models, tasks  # noqa: E402,F401,I001
-from .criterions import label_smoothed_cross_entropy  # noqa: E402,F401
-from .lr_schedulers import inverse_sqrt_warmup  # noqa: E402,F401
-from .tasks import vaswani_translation  # noqa: E402,F401

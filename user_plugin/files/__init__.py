@@ -9,10 +9,10 @@
 * :mod:`.checkpoints`: :func:`read_checkpoint` of fairseq checkpoints,
   :func:`checkpoint_file_problem`, :data:`LOAD_ERRORS`, :class:`CheckpointError`.
 
-Importing this package imports the plugin, hence fairseq, which sets up logging at INFO and
-logs a line on import unless logging is set up before. A script therefore calls
-``logging.basicConfig(level=logging.WARNING, ...)`` before its first ``import user_plugin...``,
-so that its stderr holds nothing but its own messages (one line for an error).
+Importing this package needs neither torch nor fairseq (reading a checkpoint imports them).
+fairseq sets up logging at INFO and logs a line when it is first imported, unless logging is
+set up before; a script therefore calls ``logging.basicConfig(level=logging.WARNING, ...)``
+first, so that its stderr holds nothing but its own messages (one line for an error).
 """
 
 from .atomic import (

@@ -100,6 +100,8 @@ def read_checkpoint(path: str | os.PathLike, upgrade: bool = False, mmap: bool =
         raise file_error(path, error, expected="a checkpoint file") from None
     if problem is not None:
         raise CheckpointError(path, problem, unreadable=True)
+    from .. import registration  # noqa: F401  (the types fairseq checkpoints hold, allowed)
+
     try:
         if upgrade:
             from fairseq import checkpoint_utils
