@@ -61,3 +61,72 @@ def test_scale_and_validation():
         schedule(warmup=0)
     with pytest.raises(ValueError, match="--d-model"):
         schedule(d_model=None)
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0])
+def test_lr_scale_must_be_positive(scale):
+    with pytest.raises(ValueError, match=f"--lr-scale must be positive, got {scale}"):
+        schedule(scale=scale)
+
+
+def test_model_width_from_every_form_of_model_configuration():
+    from argparse import Namespace
+
+    from omegaconf import OmegaConf
+
+    from user_plugin.lr_schedulers.inverse_sqrt_warmup import model_width
+
+    assert model_width(Namespace(decoder_embed_dim=64)) == 64  # legacy: fairseq's transformer
+    assert model_width(OmegaConf.create({"decoder_embed_dim": 48})) == 48  # ours
+    assert model_width(OmegaConf.create({"decoder": {"embed_dim": 32}})) == 32  # nested
+    assert model_width({"decoder": {"embed_dim": 16}}) == 16
+    assert model_width(Namespace(encoder_embed_dim=8)) is None
+    assert model_width(None) is None
+
+
+@pytest.mark.parametrize("arch, extra", [
+    ("transformer", []),
+    ("transformer_wmt_en_de_big", []),
+    ("vaswani_base", []),
+    ("transformer", ["--d-model", "256"]),
+])
+def test_fairseq_builds_the_schedule_with_each_architectures_width(arch, extra):
+    """The scheduler built by fairseq from a full training configuration reads d_model from
+    the model's options (an argparse namespace for fairseq's own transformer)."""
+    from cli import USER_DIR
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.optim.lr_scheduler import build_lr_scheduler
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        "data", "--user-dir", USER_DIR, "--arch", arch, "--optimizer", "adam", "--lr", "1",
+        "--lr-scheduler", "vaswani_inverse_sqrt", "--decoder-embed-dim", "128",
+        "--encoder-embed-dim", "128", *extra])
+    cfg = convert_namespace_to_omegaconf(args)
+    sched = build_lr_scheduler(cfg.lr_scheduler, SGDOptimizer())
+    assert sched.d_model == (256 if extra else 128)
+
+
+def test_fairseq_train_of_fairseqs_transformer_logs_the_formulas_lr(multi30k_bin, tmp_path):
+    from cli import USER_DIR, json_log_records, run_fairseq
+
+    proc = run_fairseq("train", [
+        multi30k_bin.data_bin, "--user-dir", USER_DIR, "--cpu", "--seed", "1",
+        "--arch", "transformer", "--encoder-layers", "1", "--decoder-layers", "1",
+        "--encoder-embed-dim", "64", "--decoder-embed-dim", "64",
+        "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+        "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+        "--share-all-embeddings", "--optimizer", "adam", "--lr", "1",
+        "--lr-scheduler", "vaswani_inverse_sqrt", "--warmup-updates", "40", "--lr-scale", "0.5",
+        "--criterion", "label_smoothed_cross_entropy", "--max-tokens", "1500",
+        "--max-update", "6", "--log-format", "json", "--log-interval", "1", "--no-save",
+        "--num-workers", "0", "--save-dir", tmp_path,
+    ])
+    log = proc.stdout + proc.stderr
+    assert "paper LR schedule: d_model 64" in log
+    records = json_log_records(log, "train_inner")
+    assert len(records) == 6
+    for record in records:
+        step = int(record["num_updates"]) + 1  # the update about to run (fairseq's convention)
+        expected = 0.5 * 64**-0.5 * min(step**-0.5, step * 40**-1.5)
+        assert float(record["lr"]) == pytest.approx(expected, rel=1e-5)

@@ -6,7 +6,9 @@
 * task ``vaswani_translation`` with the paper's beam search settings (``tasks/``, §6.1);
 * the types of fairseq checkpoints, allow-listed for torch's safe loading (``safe_loading``);
 * atomic copies of fairseq's ``checkpoint_last.pt`` / ``checkpoint_best.pt``
-  (``atomic_checkpoint_copy``).
+  (``atomic_checkpoint_copy``);
+* fixes of fairseq's decoding bugs: diverse beam search, ``--replace-unk``
+  (``generation/fairseq_fixes``).
 
 ``--user-dir user_plugin`` gets here through ``tasks/__init__``, which fairseq's loader imports in
 every entry point and every spawned process before any checkpoint is read. Python code that
@@ -22,6 +24,9 @@ install_atomic_checkpoint_copy()
 
 # Registration happens on import; safe loading must be allowed first, hence the late imports.
 from . import criterions, lr_schedulers, models, tasks  # noqa: E402,F401,I001
+from .generation.fairseq_fixes import install_fairseq_decoding_fixes  # noqa: E402
 from .criterions import label_smoothed_cross_entropy  # noqa: E402,F401
 from .lr_schedulers import inverse_sqrt_warmup  # noqa: E402,F401
 from .tasks import vaswani_translation  # noqa: E402,F401
+
+install_fairseq_decoding_fixes()

@@ -15,6 +15,11 @@ early when possible."
   longest sentence batched with it.
 * **Early termination.** A sentence stops as soon as ``beam`` hypotheses have ended in EOS
   (fairseq's rule, kept as it is).
+* **Forced tokens.** Tokens the user forces into the output, lexical constraints
+  (``--constraints``) or a prefix (``--prefix-size``), are always given room: a sentence's
+  limit is its source + N or the number of forced tokens, whichever is more, and a hypothesis
+  whose unmet constraints need all the room it has left may only advance them
+  (:mod:`.constrained_search`), so that it meets them before it has to end.
 
 Only ``finalize_hypos`` of fairseq's ``SequenceGenerator`` reads the length penalty, and all the
 hypotheses it finalizes in one call have the same length, so the GNMT form is applied there.
@@ -29,8 +34,17 @@ import math
 from collections.abc import Sequence
 
 import torch
+from fairseq.search import LexicallyConstrainedBeamSearch
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 from torch import Tensor
+
+from .constrained_search import (
+    ConstrainedBeamSearch,
+    advancing_tokens,
+    constraint_lengths,
+    tokens_to_go,
+    total_tokens,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +70,13 @@ class SourceLengthCappedEnsemble(EnsembleModel):
     """fairseq's model ensemble with a per-sentence maximum output length (paper §6.1).
 
     ``forward_encoder`` computes each sentence's limit,
-    ``source tokens (no EOS) + max_len_over_source`` (at least ``min_output_len``); every
-    ``reorder_encoder_out`` applies the same row selection to the limits, so row ``r`` of the
-    decoder input always meets its own sentence's limit; and ``forward_decoder`` leaves only EOS
-    possible (with its model log-probability, so the scores stay true log-probabilities) on
-    rows whose output already holds that many tokens.
+    ``source tokens (no EOS) + max_len_over_source`` (at least ``min_output_len`` and the
+    sentence's ``forced_lengths``); every ``reorder_encoder_out`` applies the same row selection
+    to the limits, so row ``r`` of the decoder input always meets its own sentence's limit; and
+    ``forward_decoder`` leaves only EOS possible (with its model log-probability, so the scores
+    stay true log-probabilities) on rows whose output already holds that many tokens. With a
+    ``constraint_search``, a row whose unmet constraints need all its remaining room may only
+    continue with tokens that advance them.
     """
 
     def __init__(self, models: Sequence[torch.nn.Module], max_len_over_source: int) -> None:
@@ -75,11 +91,18 @@ class SourceLengthCappedEnsemble(EnsembleModel):
         self.source_pad, self.source_eos = source_dict.pad(), source_dict.eos()
         self.eos = decoder_dict.eos()
         self.row_limits: Tensor | None = None
+        # Set per batch by the generator: tokens forced into each sentence's output.
+        self.forced_lengths: Tensor | None = None
+        # The constrained search whose per-hypothesis states follow the decoder's rows.
+        self.constraint_search: LexicallyConstrainedBeamSearch | None = None
 
     def output_limits(self, src_tokens: Tensor) -> Tensor:
         """The maximum number of output tokens (EOS excluded) of each source row."""
         lengths = source_lengths_without_eos(src_tokens, self.source_pad, self.source_eos)
-        return (lengths + self.max_len_over_source).clamp(min=self.min_output_len)
+        limits = (lengths + self.max_len_over_source).clamp(min=self.min_output_len)
+        if self.forced_lengths is not None:
+            limits = torch.maximum(limits, self.forced_lengths.to(limits.device))
+        return limits
 
     def forward_encoder(self, net_input: dict[str, Tensor]):
         self.row_limits = self.output_limits(net_input["src_tokens"])
@@ -104,12 +127,33 @@ class SourceLengthCappedEnsemble(EnsembleModel):
         )
         if self.row_limits is not None:
             produced = tokens.size(1) - 1  # column 0 is the BOS (EOS) marker
-            at_limit = self.row_limits.le(produced)
+            room = self.row_limits - produced  # tokens each row may still output
+            at_limit = room.le(0) & ~self.advance_constraints(lprobs, room)
             if bool(at_limit.any()):
                 eos_lprobs = lprobs[at_limit, self.eos].clone()
                 lprobs[at_limit] = -math.inf
                 lprobs[at_limit, self.eos] = eos_lprobs
         return lprobs, attn
+
+    def advance_constraints(self, lprobs: Tensor, room: Tensor) -> Tensor:
+        """On rows whose unmet constraints need all their ``room``, leave only the tokens that
+        advance them (in place); returns which rows that was."""
+        forced = torch.zeros_like(room, dtype=torch.bool)
+        search = self.constraint_search
+        states = getattr(search, "constraint_states", None) if search is not None else None
+        if not states:
+            return forced
+        group = len(states[0])
+        longest = max(total_tokens(sentence[0]) for sentence in states)
+        for row in room.le(longest).nonzero().view(-1).tolist():
+            state = states[row // group][row % group]
+            if 0 < tokens_to_go(state) >= int(room[row]):
+                allowed = torch.tensor(advancing_tokens(state), device=lprobs.device)
+                kept = lprobs[row, allowed].clone()
+                lprobs[row] = -math.inf
+                lprobs[row, allowed] = kept
+                forced[row] = True
+        return forced
 
 
 class GNMTSequenceGenerator(SequenceGenerator):
@@ -144,7 +188,12 @@ class GNMTSequenceGenerator(SequenceGenerator):
                 raise ValueError("a per-sentence length limit needs a list of models")
             if not isinstance(models, EnsembleModel):
                 models = SourceLengthCappedEnsemble(models, max_len_over_source)
+        search = kwargs.get("search_strategy")
+        if type(search) is LexicallyConstrainedBeamSearch:
+            kwargs["search_strategy"] = ConstrainedBeamSearch(tgt_dict, search.representation)
         super().__init__(models, tgt_dict, **kwargs)
+        if isinstance(self.model, SourceLengthCappedEnsemble) and self.search.supports_constraints:
+            self.model.constraint_search = self.search
         self.length_penalty_form = length_penalty_form
         self.max_len_over_source = max_len_over_source
         # The GNMT normalization is applied here (finalize_hypos), not by fairseq's code.
@@ -161,6 +210,24 @@ class GNMTSequenceGenerator(SequenceGenerator):
                 self.max_len_a, self.max_len_b,
             )
             self.max_len_a, self.max_len_b = 1, max_len_over_source
+
+    def _generate(self, sample, prefix_tokens: Tensor | None = None,
+                  constraints: Tensor | None = None, bos_token: int | None = None):
+        """fairseq's search; with a per-sentence limit, each sentence's forced tokens
+        (constraints, prefix) are counted so that its limit leaves room for them."""
+        if not isinstance(self.model, SourceLengthCappedEnsemble):
+            return super()._generate(sample, prefix_tokens, constraints, bos_token)
+        forced = forced_lengths(prefix_tokens, constraints, self.pad)
+        self.model.forced_lengths = forced
+        batch_cap = self.max_len_b
+        if forced is not None:
+            # the batch-wide cap (padded width + N) must not bind below a forced limit
+            self.max_len_b = max(batch_cap, int(forced.max()))
+        try:
+            return super()._generate(sample, prefix_tokens, constraints, bos_token)
+        finally:
+            self.max_len_b = batch_cap
+            self.model.forced_lengths = None
 
     def length_penalty(self, length: int) -> float:
         """The divisor of ``log P(Y|X)`` for a finished hypothesis of ``length`` tokens (+EOS)."""
@@ -199,3 +266,16 @@ class GNMTSequenceGenerator(SequenceGenerator):
                 for hypo in finalized[sent][count:]:
                     hypo["score"] = hypo["score"] / divisor
         return newly_finished
+
+
+def forced_lengths(prefix_tokens: Tensor | None, constraints: Tensor | None,
+                   pad: int) -> Tensor | None:
+    """Per sentence, how many output tokens the user forces: the larger of its prefix (without
+    padding) and its constraints' total length; None when nothing is forced."""
+    lengths = None
+    if prefix_tokens is not None:
+        lengths = prefix_tokens.ne(pad).long().sum(dim=1).cpu()
+    if constraints is not None:
+        counted = constraint_lengths(constraints)
+        lengths = counted if lengths is None else torch.maximum(lengths, counted)
+    return lengths

@@ -1,13 +1,23 @@
-"""Translating with a loaded ensemble: encoded lines through the task's beam search, raw text
-through the :class:`~user_plugin.hub.text_codec.TextCodec` around it."""
+"""Translating with a loaded ensemble: encoded lines through the task's decoding, raw text
+through the :class:`~user_plugin.hub.text_codec.TextCodec` around it.
+
+Decoding is the paper's beam search by default (beam 4, GNMT penalty alpha 0.6, source + 50);
+a call may ask for n-best lists, sampling (top-k, top-p, temperature, with a seed), lexical
+constraints, and alignments, each as ``fairseq-generate`` / ``fairseq-interactive`` would
+decode it under ``--task vaswani_translation`` (docs/decoding.md).
+"""
 
 from __future__ import annotations
 
+import contextlib
 from argparse import Namespace
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from ..generation.alignment import set_alignment_output
 from .text_codec import TextCodec
 
 
@@ -19,12 +29,39 @@ def max_source_tokens(max_positions) -> int | None:
     return None if max_positions is None else int(max_positions)
 
 
+@dataclass(frozen=True)
+class DecodingSettings:
+    """One way of decoding, in fairseq's generation option names: beam search with the
+    paper's penalty by default; ``sampling`` draws ``beam`` samples (``sampling_topk``,
+    ``sampling_topp``, ``temperature``); ``constraints`` (``"ordered"``, ``"unordered"``)
+    decodes with lexical constraints; ``alignment`` computes hard alignments."""
+
+    beam: int = 4
+    lenpen: float = 0.6
+    sampling: bool = False
+    sampling_topk: int = -1
+    sampling_topp: float = -1.0
+    temperature: float = 1.0
+    constraints: str | None = None
+    alignment: bool = False
+
+    def generation_args(self, nbest: int) -> Namespace:
+        """These settings as the generation options that ``task.build_generator`` reads."""
+        return Namespace(
+            beam=self.beam, nbest=nbest, lenpen=self.lenpen, max_len_a=0, max_len_b=200,
+            min_len=1, sampling=self.sampling, sampling_topk=self.sampling_topk,
+            sampling_topp=self.sampling_topp, temperature=self.temperature,
+            constraints=self.constraints, print_alignment="hard" if self.alignment else None,
+        )
+
+
 class Translator:
     """An ensemble of checkpoints with its task, dictionaries and text pre/post-processing.
 
     :meth:`translate_tokens` decodes lines of model tokens; :meth:`translate` wraps it with the
-    codec, for raw text. The generator is built per (beam, lenpen) by the task, so the
-    ``vaswani_translation`` task's GNMT penalty and source + N length limit apply.
+    codec, for raw text. The generator is built per :class:`DecodingSettings` by the task, so
+    the ``vaswani_translation`` task's GNMT penalty and source + N length limit apply to every
+    way of decoding.
     """
 
     def __init__(
@@ -55,31 +92,61 @@ class Translator:
     def device(self) -> torch.device:
         return next(self.models[0].parameters()).device
 
-    def generator(self, beam: int, lenpen: float):
-        """The task's sequence generator for these decoding settings (built once, then kept)."""
-        key = (beam, lenpen)
+    def generator(self, settings: DecodingSettings, nbest: int = 1):
+        """The task's sequence generator for ``settings`` (built once, then kept)."""
+        key = (settings, nbest)
         if key not in self._generators:
-            args = Namespace(beam=beam, lenpen=lenpen, max_len_a=0, max_len_b=200, min_len=1)
-            self._generators[key] = self.task.build_generator(self.models, args)
+            self._generators[key] = self.task.build_generator(
+                self.models, settings.generation_args(nbest)
+            )
         return self._generators[key]
 
     def translate_tokens(
-        self, lines: Sequence[str], nbest: int = 1, beam: int | None = None,
+        self,
+        lines: Sequence[str],
+        nbest: int = 1,
+        beam: int | None = None,
         lenpen: float | None = None,
+        constraints: Sequence[Sequence[str]] | None = None,
+        unordered_constraints: bool = False,
+        sampling: bool = False,
+        sampling_topk: int = -1,
+        sampling_topp: float = -1.0,
+        temperature: float = 1.0,
+        seed: int | None = None,
+        alignment: bool = False,
     ) -> list[list[dict]]:
         """Decode already encoded source lines (model tokens, space separated).
 
         Returns, per line, ``nbest`` dicts best first: ``tokens`` (target token string),
-        ``score`` (length-normalized log-probability), ``positional_scores`` (tensor).
+        ``score`` (length-normalized log-probability), ``positional_scores`` (tensor), and with
+        ``alignment``, ``alignment``: ``(source, target)`` token index pairs (0-based, EOS
+        excluded) from the encoder-decoder attention.
+
+        ``constraints``: per line, the phrases (model tokens, space separated) its output must
+        contain, in this order unless ``unordered_constraints``. ``sampling``: ``nbest``
+        samples per line (``beam`` of them when given), from the top ``sampling_topk``
+        tokens or the nucleus of mass ``sampling_topp`` of the distribution sharpened or
+        flattened by ``temperature``. ``seed`` makes a call repeatable (torch's random state
+        is restored afterwards). The beam and penalty default to the translator's.
         """
         from fairseq import utils
 
-        beam = self.beam if beam is None else beam
-        lenpen = self.lenpen if lenpen is None else lenpen
-        if not 1 <= nbest <= beam:
-            raise ValueError(f"nbest must be between 1 and the beam size {beam}, got {nbest}")
-        generator = self.generator(beam, lenpen)
-        src_dict, tgt_dict = self.task.source_dictionary, self.task.target_dictionary
+        if beam is None:
+            beam = nbest if sampling else self.beam
+        settings = DecodingSettings(
+            beam=beam, lenpen=self.lenpen if lenpen is None else lenpen, sampling=sampling,
+            sampling_topk=sampling_topk, sampling_topp=sampling_topp, temperature=temperature,
+            constraints=None if constraints is None
+            else ("unordered" if unordered_constraints else "ordered"),
+            alignment=alignment,
+        )
+        if not 1 <= nbest <= settings.beam:
+            raise ValueError(
+                f"nbest must be between 1 and the beam size {settings.beam}, got {nbest}"
+            )
+        generator = self.generator(settings, nbest)
+        src_dict = self.task.source_dictionary
         tokens = [src_dict.encode_line(line, add_if_not_exist=False).long() for line in lines]
         if not tokens:
             return []
@@ -90,32 +157,65 @@ class Translator:
                     f"sentence {number} has {sentence.numel()} tokens (with EOS), more than the "
                     f"model's {longest} source positions: split or shorten it"
                 )
+        packed = None if constraints is None else self.pack_constraints(constraints, len(lines))
         dataset = self.task.build_dataset_for_inference(
-            tokens, torch.LongTensor([t.numel() for t in tokens])
+            tokens, torch.LongTensor([t.numel() for t in tokens]), constraints=packed
         )
         batches = self.task.get_batch_iterator(
             dataset=dataset, max_tokens=self.max_tokens, max_sentences=self.batch_size,
             max_positions=self.max_positions, disable_iterator_cache=True,
         ).next_epoch_itr(shuffle=False)
+        set_alignment_output(self.models, alignment)
+        seeded = utils.set_torch_seed(seed) if seed is not None else contextlib.nullcontext()
         results: dict = {}
-        with torch.no_grad():
+        with torch.no_grad(), seeded:
             for batch in batches:
                 batch = utils.apply_to_sample(lambda t: t.to(self.device), batch)
-                hypos = self.task.inference_step(generator, self.models, batch)
+                hypos = self.task.inference_step(
+                    generator, self.models, batch, constraints=batch.get("constraints")
+                )
                 for sample_id, sentence_hypos in zip(batch["id"].tolist(), hypos):
                     results[sample_id] = [
-                        {
-                            "tokens": tgt_dict.string(hypo["tokens"].int().cpu()),
-                            "score": float(hypo["score"]),
-                            "positional_scores": hypo["positional_scores"].cpu(),
-                        }
-                        for hypo in sentence_hypos[:nbest]
+                        self.hypothesis(hypo, alignment) for hypo in sentence_hypos[:nbest]
                     ]
         return [results[i] for i in range(len(tokens))]
 
+    def pack_constraints(self, constraints: Sequence[Sequence[str]], lines: int) -> torch.Tensor:
+        """Per-line constraint phrases (model tokens) in fairseq's packed form; a
+        ``ValueError`` when there is not one list of phrases per line."""
+        from fairseq.token_generation_constraints import pack_constraints
+
+        if isinstance(constraints, str) or len(constraints) != lines:
+            raise ValueError(
+                f"constraints= needs one list of phrases per sentence ({lines}), "
+                f"got {constraints!r}"
+            )
+        tgt_dict = self.task.target_dictionary
+        return pack_constraints([
+            [tgt_dict.encode_line(phrase, append_eos=False, add_if_not_exist=False).long()
+             for phrase in phrases if phrase.strip()]
+            for phrases in constraints
+        ])
+
+    def hypothesis(self, hypo: dict, alignment: bool) -> dict:
+        """One decoded hypothesis as the hub returns it."""
+        out = {
+            "tokens": self.task.target_dictionary.string(hypo["tokens"].int().cpu()),
+            "score": float(hypo["score"]),
+            "positional_scores": hypo["positional_scores"].cpu(),
+        }
+        if alignment:
+            out["alignment"] = [(int(s), int(t)) for s, t in hypo["alignment"]]
+        return out
+
     def translate(
-        self, sentences: str | Sequence[str], nbest: int = 1, beam: int | None = None,
+        self,
+        sentences: str | Sequence[str],
+        nbest: int = 1,
+        beam: int | None = None,
         lenpen: float | None = None,
+        constraints: Sequence[str] | Sequence[Sequence[str]] | None = None,
+        **decoding: Any,
     ):
         """Translate raw text.
 
@@ -123,14 +223,31 @@ class Translator:
         ``translate([...])`` -> one str (or one list of k strings) per sentence. An empty (or
         blank) sentence gives an empty translation without decoding. A sentence longer than the
         model's source positions is a ``ValueError`` naming it, raised before any decoding.
+
+        ``constraints``: raw target phrases the translation must contain (a list for one
+        sentence, one list per sentence for several), tokenized and split into subwords as the
+        output is. Other keywords as :meth:`translate_tokens` (``unordered_constraints``,
+        ``sampling``, ``sampling_topk``, ``sampling_topp``, ``temperature``, ``seed``).
         """
         single = isinstance(sentences, str)
         lines = [sentences] if single else list(sentences)
+        if constraints is not None and single:
+            constraints = [constraints]
         encoded = [self.codec.encode(line) for line in lines]
         # An empty line translates to an empty line (not decoded), so outputs stay aligned.
         kept = [i for i, line in enumerate(encoded) if line.strip()]
+        kept_constraints = None
+        if constraints is not None:
+            if isinstance(constraints, str) or len(constraints) != len(lines):
+                raise ValueError(
+                    "constraints= needs a list of phrases for one sentence, or one list per "
+                    f"sentence ({len(lines)})"
+                )
+            kept_constraints = [[self.codec.encode(phrase, target=True) for phrase in
+                                 constraints[i]] for i in kept]
         hypos = self.translate_tokens(
-            [encoded[i] for i in kept], nbest=nbest, beam=beam, lenpen=lenpen
+            [encoded[i] for i in kept], nbest=nbest, beam=beam, lenpen=lenpen,
+            constraints=kept_constraints, **decoding,
         )
         outputs = [[""] * nbest for _ in lines]
         for i, per_line in zip(kept, hypos):

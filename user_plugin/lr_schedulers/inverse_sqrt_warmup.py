@@ -8,15 +8,21 @@ The peak, at ``step_num = warmup_steps``, is ``d_model^-0.5 * warmup_steps^-0.5`
 
 fairseq calls ``step_update(0)`` before the first update and ``step_update(k)`` after update k,
 so the update about to run is number ``k + 1``: that is the paper's ``step_num``.
+
+``d_model`` is the model's ``--decoder-embed-dim`` unless ``--d-model`` is given, read from the
+model configuration in each form fairseq trains with: ours (a flat dataclass), fairseq's own
+``transformer`` under ``fairseq-train`` (an argparse namespace of flat options) or as a nested
+``TransformerConfig`` (``decoder.embed_dim``), so the schedule drives either architecture.
 """
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from fairseq.dataclass import FairseqDataclass
 from fairseq.optim.lr_scheduler import FairseqLRScheduler, register_lr_scheduler
-from omegaconf import II
+from omegaconf import II, DictConfig, OmegaConf
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +40,11 @@ class InverseSqrtWarmupConfig(FairseqDataclass):
     d_model: Optional[int] = field(
         default=None, metadata={"help": "d_model of the formula; default: the model's"}
     )
-    # The model's width, when the model config has ``decoder_embed_dim``; null otherwise.
-    model_embed_dim: Optional[int] = II("oc.select:model.decoder_embed_dim,null")
+    # The model's width, when the model config is a flat or nested container; null otherwise
+    # (then read from the model configuration object itself, see ``model_dimension``).
+    model_embed_dim: Optional[int] = II(
+        "oc.select:model.decoder_embed_dim,${oc.select:model.decoder.embed_dim,null}"
+    )
 
 
 def paper_learning_rate(
@@ -55,7 +64,9 @@ class InverseSqrtWarmupSchedule(FairseqLRScheduler):
         super().__init__(cfg, optimizer)
         if cfg.warmup_updates < 1:
             raise ValueError(f"--warmup-updates must be at least 1, got {cfg.warmup_updates}")
-        d_model = cfg.d_model if cfg.d_model is not None else _model_dim(cfg)
+        if not cfg.lr_scale > 0:
+            raise ValueError(f"--lr-scale must be positive, got {cfg.lr_scale}")
+        d_model = cfg.d_model if cfg.d_model is not None else model_dimension(cfg)
         if d_model is None or d_model < 1:
             raise ValueError(
                 "vaswani_inverse_sqrt: the model has no --decoder-embed-dim; pass --d-model"
@@ -84,8 +95,29 @@ class InverseSqrtWarmupSchedule(FairseqLRScheduler):
         return self.optimizer.get_lr()
 
 
-def _model_dim(cfg) -> Optional[int]:
+def model_dimension(cfg) -> Optional[int]:
+    """d_model of the model trained alongside the scheduler configuration ``cfg``: its
+    ``model_embed_dim`` interpolation, else the width read from the root configuration's
+    ``model`` object (fairseq keeps a legacy model's options there as an argparse namespace,
+    which interpolations cannot reach); None outside a full fairseq configuration."""
     try:
-        return getattr(cfg, "model_embed_dim", None)
+        width = getattr(cfg, "model_embed_dim", None)
     except Exception:  # an unresolvable interpolation outside a full fairseq config
-        return None
+        width = None
+    if width is None and isinstance(cfg, DictConfig):
+        width = model_width(OmegaConf.select(cfg._get_root(), "model", default=None))
+    return width
+
+
+def model_width(model_cfg: Any) -> Optional[int]:
+    """``--decoder-embed-dim`` of a model configuration: flat (``decoder_embed_dim``) or nested
+    (``decoder.embed_dim``), as a mapping or attributes; None when it has neither."""
+    for path in (("decoder_embed_dim",), ("decoder", "embed_dim")):
+        value = model_cfg
+        for name in path:
+            if value is None:
+                break
+            value = value.get(name) if isinstance(value, Mapping) else getattr(value, name, None)
+        if value is not None:
+            return int(value)
+    return None

@@ -8,6 +8,13 @@ With an ``incremental_state`` (beam search), only the newest target position is 
 decoder keeps one :class:`~user_plugin.modules.beam_state.BeamState` there, made on the first
 step from the encoder output's beam layout, and hands it to every attention's cache; each beam
 reorder is interpreted once, here, and passed on (:meth:`reorder_incremental_state_scripting`).
+
+Alignments (``--print-alignment``, ``--replace-unk``) read one layer's encoder-decoder attention
+averaged over heads, with the semantics of fairseq's decoder: ``--alignment-layer`` (0 = the
+bottom layer, default the last) and ``--alignment-heads`` (the first N heads, default all).
+Attention probabilities are computed only when asked: ``need_attn`` (every layer's, for plots),
+or :attr:`VaswaniDecoder.return_alignment` (the alignment layer's only, step by step too),
+which the model switches on when a generation configuration asks for alignments.
 """
 
 from __future__ import annotations
@@ -41,6 +48,12 @@ class VaswaniDecoder(TransformerStack, FairseqIncrementalDecoder):
             self.output_projection.weight = self.embed_tokens.weight
         else:
             nn.init.normal_(self.output_projection.weight, mean=0.0, std=stack.embed_dim**-0.5)
+        layer = getattr(cfg, "alignment_layer", None)
+        self.alignment_layer: int = stack.layers - 1 if layer is None else layer
+        self.alignment_heads: Optional[int] = getattr(cfg, "alignment_heads", None)
+        # Return the alignment layer's attention from every call, also step by step (what
+        # fairseq's generators record per hypothesis); off unless alignments are asked for.
+        self.return_alignment = False
 
     def forward(
         self,
@@ -51,15 +64,23 @@ class VaswaniDecoder(TransformerStack, FairseqIncrementalDecoder):
         src_lengths: Optional[Tensor] = None,
         return_all_hiddens: bool = False,
         need_attn: bool = False,
+        full_context_alignment: bool = False,
+        alignment_layer: Optional[int] = None,
+        alignment_heads: Optional[int] = None,
         **unused: Any,
     ) -> Tuple[Tensor, Dict[str, Any]]:
         """Scores for the next token at every position of ``prev_output_tokens`` [B, T].
 
-        Returns ``(logits [B, T, V], extra)``; ``extra["attn"][0]`` is the last layer's
-        encoder-decoder attention averaged over heads, only when ``need_attn`` is set.
+        Returns ``(logits [B, T, V], extra)``; ``extra["attn"][0]`` is the alignment layer's
+        encoder-decoder attention averaged over its alignment heads ([B, T, S]) when
+        ``need_attn`` or :attr:`return_alignment` is set, else None. ``alignment_layer`` and
+        ``alignment_heads`` override the model's; ``full_context_alignment`` lifts the causal
+        mask of self-attention (fairseq's option, for alignments over the whole output).
         """
         x, extra = self.extract_features(
-            prev_output_tokens, encoder_out, incremental_state, return_all_hiddens, need_attn
+            prev_output_tokens, encoder_out, incremental_state, return_all_hiddens, need_attn,
+            full_context_alignment=full_context_alignment, alignment_layer=alignment_layer,
+            alignment_heads=alignment_heads,
         )
         if not features_only:
             x = self.output_layer(x)
@@ -72,14 +93,21 @@ class VaswaniDecoder(TransformerStack, FairseqIncrementalDecoder):
         incremental_state: Optional[IncrementalState] = None,
         return_all_hiddens: bool = False,
         need_attn: bool = False,
+        full_context_alignment: bool = False,
+        alignment_layer: Optional[int] = None,
+        alignment_heads: Optional[int] = None,
         **unused: Any,
     ) -> Tuple[Tensor, Dict[str, Any]]:
         check_length(prev_output_tokens.size(1), self.stack.max_positions,
                      "--max-target-positions")
         positions = token_positions(prev_output_tokens, self.padding_idx)
         tokens = prev_output_tokens
-        self_attn_mask, beam = None, None
-        if incremental_state is None:
+        self_attn_mask, beam, causal = None, None, True
+        if incremental_state is None and full_context_alignment:
+            causal = False
+            padding = tokens.eq(self.padding_idx)
+            self_attn_mask = key_padding_to_attn_mask(padding) if padding.any() else None
+        elif incremental_state is None:
             self_attn_mask = self._self_attention_mask(tokens)
         else:
             tokens, positions = tokens[:, -1:], positions[:, -1:]
@@ -94,16 +122,19 @@ class VaswaniDecoder(TransformerStack, FairseqIncrementalDecoder):
             if len(padding) > 0 and padding[0].any():
                 enc_mask = key_padding_to_attn_mask(padding[0])
 
+        aligned = self.alignment_layer if alignment_layer is None else alignment_layer
+        align = need_attn or self.return_alignment
         states: List[Tensor] = [x]
         attentions: List[Dict[str, Optional[Tensor]]] = []
-        for layer in self.layers:
+        for index, layer in enumerate(self.layers):
             x, weights = layer(
                 x,
                 enc,
                 enc_mask,
                 self_attn_mask=self_attn_mask,
+                causal=causal,
                 incremental_state=incremental_state,
-                need_weights=need_attn,
+                need_weights=need_attn or (align and index == aligned),
                 beam=beam,
             )
             states.append(x)
@@ -111,8 +142,9 @@ class VaswaniDecoder(TransformerStack, FairseqIncrementalDecoder):
         x = self.final_norm(x)
 
         attn: Optional[Tensor] = None
-        if need_attn:
-            attn = attentions[-1]["encoder_attn"].mean(dim=1)
+        if align:
+            heads = self.alignment_heads if alignment_heads is None else alignment_heads
+            attn = average_heads(attentions[aligned]["encoder_attn"], heads)
         extra: Dict[str, Any] = {
             "attn": [attn],
             "inner_states": states if return_all_hiddens else [x],
@@ -175,3 +207,11 @@ class VaswaniDecoder(TransformerStack, FairseqIncrementalDecoder):
     def output_layer(self, features: Tensor) -> Tensor:
         """The pre-softmax linear transformation (§3.4)."""
         return self.output_projection(features)
+
+
+def average_heads(weights: Tensor, heads: Optional[int] = None) -> Tensor:
+    """Attention probabilities ``[B, h, T, S]`` averaged over the first ``heads`` heads (all
+    by default): ``[B, T, S]``, fairseq's alignment scores."""
+    if heads is not None:
+        weights = weights[:, :heads]
+    return weights.mean(dim=1)

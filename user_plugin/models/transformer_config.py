@@ -77,6 +77,24 @@ class VaswaniTransformerConfig(FairseqDataclass):
     max_target_positions: int = field(
         default=1024, metadata={"help": "longest target sentence, in tokens"}
     )
+    alignment_layer: Optional[int] = field(
+        default=None,
+        metadata={
+            "help": "decoder layer whose encoder-decoder attention gives alignments "
+            "(--print-alignment, --replace-unk); 0 = the bottom layer; default: the last"
+        },
+    )
+    alignment_heads: Optional[int] = field(
+        default=None,
+        metadata={"help": "alignments average the first N heads of that layer; default: all"},
+    )
+    full_context_alignment: bool = field(
+        default=False,
+        metadata={
+            "help": "alignments of a finished output from a pass without the causal mask "
+            "(fairseq's transformer_align option)"
+        },
+    )
 
 
 SIDES = ("encoder", "decoder")
@@ -175,6 +193,19 @@ def validate_config(cfg) -> None:
     for name in ("max_source_positions", "max_target_positions"):
         value = getattr(cfg, name)
         require(value >= 1, f"--{name.replace('_', '-')} must be positive, got {value}")
+    layers, heads = cfg.decoder_layers, cfg.decoder_attention_heads
+    alignment_layer = getattr(cfg, "alignment_layer", None)
+    require(
+        alignment_layer is None or 0 <= alignment_layer < layers,
+        f"--alignment-layer must be in [0, {layers}) (--decoder-layers {layers}), "
+        f"got {alignment_layer}",
+    )
+    alignment_heads = getattr(cfg, "alignment_heads", None)
+    require(
+        alignment_heads is None or 1 <= alignment_heads <= heads,
+        f"--alignment-heads must be in [1, {heads}] (--decoder-attention-heads {heads}), "
+        f"got {alignment_heads}",
+    )
     if cfg.share_all_embeddings:
         require(
             cfg.encoder_embed_dim == cfg.decoder_embed_dim,

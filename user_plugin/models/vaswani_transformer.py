@@ -13,15 +13,22 @@ architecture (docs/extending.md, ``examples/custom_ffn``)::
         @classmethod
         def build_feed_forward(cls, stack):
             return MyFeedForward(stack.embed_dim, stack.ffn_embed_dim)
+
+Decoding options that concern the model itself (docs/decoding.md) are applied by
+:meth:`VaswaniTransformerModel.prepare_for_inference_`, which ``fairseq-generate``,
+``fairseq-interactive`` and the hub call with the generation configuration before decoding:
+alignments (``--print-alignment``, ``--replace-unk``) switch on the decoder's attention output,
+and ``--retain-dropout`` keeps dropout active.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional, Sequence
 
 from fairseq.models import FairseqEncoderDecoderModel, register_model
 from torch import Tensor, nn
 
+from ..generation.alignment import alignment_requested, check_replace_unk
 from ..modules.attention import MultiHeadAttention
 from ..modules.decoder_layer import DecoderLayer
 from ..modules.encoder_layer import EncoderLayer
@@ -135,17 +142,68 @@ class VaswaniTransformerModel(FairseqEncoderDecoderModel):
         return_all_hiddens: bool = False,
         features_only: bool = False,
         need_attn: bool = False,
+        alignment_layer: Optional[int] = None,
+        alignment_heads: Optional[int] = None,
         **unused: Any,
     ):
-        """Teacher-forced forward pass: logits [B, T, V] and extra outputs."""
+        """Teacher-forced forward pass: logits [B, T, V] and extra outputs.
+
+        ``extra["attn"][0]`` holds the alignment scores when attention is asked for
+        (``need_attn``, or alignments switched on by :meth:`prepare_for_inference_`); with
+        ``--full-context-alignment`` they come from a second pass without the causal mask, as
+        in fairseq's ``transformer_align``.
+        """
         encoder_out = self.encoder(
             src_tokens, src_lengths=src_lengths, return_all_hiddens=return_all_hiddens
         )
-        return self.decoder(
+        aligned = dict(alignment_layer=alignment_layer, alignment_heads=alignment_heads)
+        decoder_out = self.decoder(
             prev_output_tokens,
             encoder_out=encoder_out,
             features_only=features_only,
             src_lengths=src_lengths,
             return_all_hiddens=return_all_hiddens,
             need_attn=need_attn,
+            **aligned,
         )
+        if self.full_context_alignment and decoder_out[1]["attn"][0] is not None:
+            _, full_context = self.decoder(
+                prev_output_tokens, encoder_out=encoder_out, features_only=True,
+                need_attn=need_attn, full_context_alignment=True, **aligned,
+            )
+            decoder_out[1]["attn"] = full_context["attn"]
+        return decoder_out
+
+    @property
+    def full_context_alignment(self) -> bool:
+        """Alignments of finished outputs come from a full forward without the causal mask
+        (fairseq's ``SequenceGeneratorWithAlignment`` then calls :meth:`forward`)."""
+        return bool(getattr(self.cfg, "full_context_alignment", False))
+
+    # -- decoding options -----------------------------------------------------------------
+
+    def prepare_for_inference_(self, cfg) -> None:
+        """fairseq's preparation (eval mode, no further training), then the decoding options
+        that concern the model: alignments switch on the decoder's attention output, and
+        ``--retain-dropout`` puts the modules that hold dropout back in training mode.
+        ``--replace-unk`` that cannot be served (no alignments under fairseq's own task) is
+        refused here, before any decoding."""
+        check_replace_unk(cfg)
+        super().prepare_for_inference_(cfg)
+        generation = cfg.generation
+        self.decoder.return_alignment = alignment_requested(generation)
+        if getattr(generation, "retain_dropout", False):
+            self.retain_dropout(getattr(generation, "retain_dropout_modules", None))
+
+    def retain_dropout(self, module_names: Optional[Sequence[str]] = None) -> None:
+        """Keep dropout active while decoding (fairseq's ``--retain-dropout``, for Monte-Carlo
+        dropout): the modules of the model, or those whose class name is in
+        ``module_names`` (``--retain-dropout-modules``: ``VaswaniEncoder``, ``VaswaniDecoder``
+        for embedding dropout, ``AddAndNorm`` for residual dropout, ``MultiHeadAttention``,
+        ``PositionWiseFeedForward``), are put in training mode. Dropout is the only thing
+        that mode changes in these modules."""
+        if isinstance(module_names, str):
+            module_names = module_names.replace(",", " ").split()
+        for module in self.modules():
+            if module_names is None or type(module).__name__ in module_names:
+                module.training = True

@@ -128,8 +128,7 @@ class MultiHeadAttention(nn.Module):
         q = split_heads(self.q_proj(query), self.num_heads)
         k = split_heads(self.k_proj(key_value), self.num_heads)
         v = split_heads(self.v_proj(key_value), self.num_heads)
-        dropout_p = self.dropout if self.training else 0.0
-        context, weights = attend(q, k, v, attn_mask, is_causal, dropout_p, need_weights)
+        context, weights = attend(q, k, v, attn_mask, is_causal, self._dropout_p(), need_weights)
         return self.out_proj(merge_heads(context)), weights
 
     def _attend_step_to_prefix(
@@ -146,7 +145,7 @@ class MultiHeadAttention(nn.Module):
             cache = SelfAttentionCache(beam, self.num_heads, self.key_dim, self.value_dim)
             self._set_cache(incremental_state, cache)
         cache.append(self.k_proj(query), self.v_proj(query))
-        context, weights = cache.attend(self.q_proj(query), need_weights)
+        context, weights = cache.attend(self.q_proj(query), need_weights, self._dropout_p())
         return self.out_proj(context), weights
 
     def _attend_step_to_encoder(
@@ -173,8 +172,13 @@ class MultiHeadAttention(nn.Module):
                 mask,
             )
             self._set_cache(incremental_state, cache)
-        context, weights = cache.attend(self.q_proj(query), need_weights)
+        context, weights = cache.attend(self.q_proj(query), need_weights, self._dropout_p())
         return self.out_proj(context), weights
+
+    def _dropout_p(self) -> float:
+        """Dropout on the attention probabilities: in training mode only (also while decoding
+        with ``--retain-dropout``, which puts the module in training mode)."""
+        return self.dropout if self.training else 0.0
 
     # -- incremental state ----------------------------------------------------------------
 

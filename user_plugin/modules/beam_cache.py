@@ -84,11 +84,13 @@ class SelfAttentionCache:
         self.keys[:, step] = key.view(sentences, group, self.num_heads, self.key_dim)
         self.values[:, step] = value.view(sentences, group, self.num_heads, self.value_dim)
 
-    def attend(self, query: Tensor, need_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+    def attend(self, query: Tensor, need_weights: bool = False,
+               dropout_p: float = 0.0) -> Tuple[Tensor, Optional[Tensor]]:
         """Attention of ``query [rows, 1, h * d_k]`` over each hypothesis' own prefix.
 
         Returns the context ``[rows, 1, h * d_v]`` and, if asked, the probabilities
-        ``[rows, h, 1, steps]`` over the hypothesis' prefix.
+        ``[rows, h, 1, steps]`` over the hypothesis' prefix. ``dropout_p``: dropout on the
+        probabilities (decoding with ``--retain-dropout``).
         """
         assert self.keys is not None and self.values is not None, "append before attend"
         beam, heads = self.beam, self.num_heads
@@ -97,7 +99,7 @@ class SelfAttentionCache:
         v = self.values[:, :steps].reshape(sentences, steps * group, heads, self.value_dim)
         q = _by_sentence(query, beam, heads)
         context, probs = attend(q, k.transpose(1, 2), v.transpose(1, 2), beam.prefix_mask(),
-                                need_weights=need_weights)
+                                dropout_p=dropout_p, need_weights=need_weights)
         weights = None if probs is None else self._per_hypothesis(probs)
         return _by_row(context, beam), weights
 
@@ -158,13 +160,15 @@ class EncoderAttentionCache:
         self.value = value
         self.mask = mask
 
-    def attend(self, query: Tensor, need_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+    def attend(self, query: Tensor, need_weights: bool = False,
+               dropout_p: float = 0.0) -> Tuple[Tensor, Optional[Tensor]]:
         """The ``group`` queries ``[rows, 1, h * d_k]`` of each sentence against that
         sentence's keys. Returns the context ``[rows, 1, h * d_v]`` and, if asked, the
-        probabilities ``[rows, h, 1, S]``."""
+        probabilities ``[rows, h, 1, S]``; ``dropout_p`` as :meth:`SelfAttentionCache.attend`."""
         heads = self.key.size(1)
         q = _by_sentence(query, self.beam, heads)
-        context, probs = attend(q, self.key, self.value, self.mask, need_weights=need_weights)
+        context, probs = attend(q, self.key, self.value, self.mask, dropout_p=dropout_p,
+                                need_weights=need_weights)
         weights = None
         if probs is not None:
             weights = probs.transpose(1, 2).reshape(self.beam.rows, heads, 1, -1)

@@ -8,6 +8,9 @@ It is fairseq's ``translation`` task (same options, same data) with three change
   (``--lenpen`` is alpha) and cap each output at its own source length + 50 tokens.
   ``--length-penalty-form fairseq`` restores fairseq's ``|Y| ** alpha``;
   ``--max-len-over-source -1`` restores fairseq's batch-wide ``--max-len-a``/``--max-len-b``.
+  Every other decoding option of fairseq applies as with its own task (docs/decoding.md):
+  alignments and ``--replace-unk`` through the same beam search, references scored on its
+  scale, and options that cannot apply refused in one line before decoding starts.
 * No sentence is lost to batching. fairseq's ``data_utils.batch_by_size`` deletes the last batch
   when its size is not a multiple of ``--required-batch-size-multiple`` (default 8): with 100
   test sentences and ``--batch-size 64``, ``fairseq-generate`` printed 96 hypotheses. Datasets of
@@ -36,7 +39,14 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
+from ..generation.alignment import (
+    GNMTSequenceGeneratorWithAlignment,
+    alignment_requested,
+    set_alignment_output,
+)
+from ..generation.decoding_options import check_decoding_options
 from ..generation.gnmt_sequence_generator import LENGTH_PENALTY_FORMS, GNMTSequenceGenerator
+from ..generation.reference_scorer import LengthPenaltyScorer
 
 logger = logging.getLogger(__name__)
 
@@ -156,17 +166,33 @@ class VaswaniTranslationTask(TranslationTask):
         extra_gen_cls_kwargs=None,
         prefix_allowed_tokens_fn=None,
     ):
-        """fairseq's generator construction, with :class:`GNMTSequenceGenerator` as the class.
+        """fairseq's generator construction, with the paper's beam search as the class.
 
-        Scoring a reference (``--score-reference``) keeps fairseq's scorer. Alignment printing
-        needs fairseq's own generator class and is refused.
+        Options that cannot apply are refused first, in one line
+        (:func:`~user_plugin.generation.decoding_options.check_decoding_options`). Decoding
+        builds :class:`GNMTSequenceGenerator`, or :class:`GNMTSequenceGeneratorWithAlignment`
+        when alignments are asked for (``--print-alignment``, or ``--replace-unk``, which reads
+        them); ``--score-reference`` builds :class:`LengthPenaltyScorer`, which scores a
+        reference as beam search scores a hypothesis. fairseq chooses the search strategy
+        (sampling, diverse beams, constraints...) as for its own task.
         """
+        check_decoding_options(args, self.datasets.values())
+        alignment = alignment_requested(args)
+        if alignment:
+            set_alignment_output(models, True)
         if getattr(args, "score_reference", False):
-            return super().build_generator(models, args)
-        if getattr(args, "print_alignment", None):
-            raise ValueError(f"--print-alignment is not supported by the {TASK_NAME} task")
-        seq_gen_cls = seq_gen_cls or GNMTSequenceGenerator
+            return LengthPenaltyScorer(
+                self.target_dictionary,
+                length_penalty_form=str(self.cfg.length_penalty_form),
+                len_penalty=getattr(args, "lenpen", 1.0),
+                normalize_scores=not getattr(args, "unnormalized", False),
+                compute_alignment=bool(getattr(args, "print_alignment", None)),
+            )
+        if seq_gen_cls is None:
+            seq_gen_cls = GNMTSequenceGeneratorWithAlignment if alignment else GNMTSequenceGenerator
         extra = dict(extra_gen_cls_kwargs or {})
+        if issubclass(seq_gen_cls, GNMTSequenceGeneratorWithAlignment):
+            extra.setdefault("print_alignment", getattr(args, "print_alignment", None) or "hard")
         if issubclass(seq_gen_cls, GNMTSequenceGenerator):
             extra.setdefault("length_penalty_form", str(self.cfg.length_penalty_form))
             extra.setdefault("max_len_over_source", int(self.cfg.max_len_over_source))

@@ -1,0 +1,143 @@
+"""Fixes of fairseq 0.12's decoding bugs, installed when the plugin is imported.
+
+They are installed in fairseq's modules (not only in our task), because the bugs hit fairseq's
+own ``translation`` task and its own ``transformer`` as well, and a command line should behave
+the same whichever task or architecture it names. Each fix keeps fairseq's results wherever
+fairseq did not fail.
+
+* **Diverse beam search** (``--diverse-beam-groups``) crashed with ``IndexError: index 32 is out
+  of bounds for dimension 0 with size 16`` on the second step of every batch but the first.
+  ``DiverseBeamSearch`` keeps its group overlaps in a ``[batch, groups, groups]`` tensor made
+  at step 0, then indexes it with ``original_batch_idxs``, which ``SequenceGenerator`` fills
+  with the sentences' *dataset ids* (``sample["id"]``), not their rows in the batch.
+  :class:`DiverseBeamSearchByRow` translates those ids back to the rows of the first step.
+* **``--replace-unk`` without a file**: the flag's constant is the string ``"@@ "``, which
+  ``load_align_dict`` opens as a dictionary file: ``FileNotFoundError: '@@ '``. It now means
+  "no dictionary" (copy the aligned source word), as the option's help says.
+* **``--replace-unk`` with alignments**: ``replace_unk`` reads ``alignment[i]`` as the source
+  position of target word ``i``, but ``--print-alignment``'s hard alignments are
+  ``(source word, target word)`` pairs (``TypeError: list indices must be integers or slices,
+  not tuple``), and without ``--print-alignment`` fairseq's generator leaves them empty
+  (``IndexError``). Pairs, per-word positions and soft alignments are now read alike; a
+  ``<unk>`` without any alignment is an error that says what to add.
+* **Alignments of fewer than ``--beam`` hypotheses**: ``SequenceGeneratorWithAlignment`` reads
+  hypothesis ``i % beam`` of every sentence, but a sentence can end with fewer (lexically
+  constrained decoding that reaches its maximum length): ``IndexError: list index out of
+  range``. It now aligns the hypotheses there are (:func:`~.alignment.add_alignments`).
+* **Lexically constrained decoding** gave beam slots to hypotheses scored ``-inf``, which can
+  never finish, ahead of live ones (:class:`~.constrained_search.ConstrainedBeamSearch`).
+
+:func:`install_fairseq_decoding_fixes` replaces ``DiverseBeamSearch`` and
+``LexicallyConstrainedBeamSearch`` in ``fairseq.search`` (where ``FairseqTask.build_generator``
+looks them up), ``SequenceGeneratorWithAlignment.generate``, and ``load_align_dict`` and
+``replace_unk`` in ``fairseq.utils`` (looked up there by ``fairseq-generate``,
+``fairseq-interactive`` and ``post_process_prediction``). Idempotent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Optional
+
+import torch
+from fairseq import search, sequence_generator, tokenizer, utils
+from torch import Tensor
+
+from .alignment import add_alignments
+from .constrained_search import ConstrainedBeamSearch
+
+#: The value fairseq's ``--replace-unk`` takes when given without a file name.
+REPLACE_UNK_FLAG_CONSTANT = "@@ "
+
+
+class DiverseBeamSearchByRow(search.DiverseBeamSearch):
+    """fairseq's diverse beam search (Vijayakumar et al. 2016) with its group overlaps kept per
+    row of the batch, whatever ids the batch's sentences have."""
+
+    first_ids: Optional[Tensor] = None
+
+    def step(self, step: int, lprobs, scores, prev_output_tokens=None,
+             original_batch_idxs=None):
+        rows = self.rows_of(step, original_batch_idxs, lprobs.size(0), lprobs.device)
+        return super().step(step, lprobs, scores, prev_output_tokens, rows)
+
+    def rows_of(self, step: int, ids: Optional[Tensor], batch: int,
+                device: torch.device) -> Tensor:
+        """The row, in the batch of step 0, of each remaining sentence (given by its id)."""
+        if step == 0 or ids is None or self.first_ids is None:
+            self.first_ids = None if ids is None else ids.clone()
+            return torch.arange(batch, device=device)
+        return ids[:, None].eq(self.first_ids[None, :].to(ids.device)).int().argmax(dim=1)
+
+
+def load_align_dict(replace_unk: Optional[str]) -> Optional[dict]:
+    """fairseq's ``load_align_dict``, where the bare flag's constant means no dictionary."""
+    if replace_unk == REPLACE_UNK_FLAG_CONSTANT:
+        return {}
+    return _FAIRSEQ["load_align_dict"](replace_unk)
+
+
+def source_positions(alignment) -> dict:
+    """Target word index -> aligned source position, from any alignment fairseq produces:
+    hard ``(source, target)`` pairs (the first pair of a target word wins), soft rows of
+    scores (the highest), or one source position per target word (tensor or list)."""
+    if alignment is None or len(alignment) == 0:
+        return {}
+    if isinstance(alignment, Tensor):
+        return {i: int(source) for i, source in enumerate(alignment.tolist())}
+    first = alignment[0]
+    if isinstance(first, Sequence) and not isinstance(first, str) and len(first) == 2 and all(
+        isinstance(v, int) for v in first
+    ):
+        positions: dict = {}
+        for source, target in alignment:
+            positions.setdefault(int(target), int(source))
+        return positions
+    if isinstance(first, Sequence) and not isinstance(first, str):
+        return {i: max(range(len(row)), key=lambda j, row=row: float(row[j]))
+                for i, row in enumerate(alignment)}
+    return {i: int(source) for i, source in enumerate(alignment)}
+
+
+def replace_unk(hypo_str: str, src_str: str, alignment, align_dict: Mapping, unk: str) -> str:
+    """Replace each ``unk`` of ``hypo_str`` by its aligned source word, translated by
+    ``align_dict`` when listed there (fairseq's rule, for every alignment format)."""
+    hypo_tokens = tokenizer.tokenize_line(hypo_str)
+    src_tokens = tokenizer.tokenize_line(src_str) + ["<eos>"]
+    positions = source_positions(alignment)
+    for i, token in enumerate(hypo_tokens):
+        if token != unk:
+            continue
+        if i not in positions:
+            raise ValueError(
+                "--replace-unk: the hypothesis has no alignment for its <unk> (under "
+                "--task translation add --print-alignment, or use --task vaswani_translation)"
+            )
+        source = src_tokens[min(positions[i], len(src_tokens) - 1)]
+        hypo_tokens[i] = align_dict.get(source, source)
+    return " ".join(hypo_tokens)
+
+
+@torch.no_grad()
+def generate_with_alignments(self, models, sample, **kwargs):
+    """``SequenceGeneratorWithAlignment.generate``: search, then align every hypothesis."""
+    return add_alignments(self, sample, self._generate(sample, **kwargs))
+
+
+_FAIRSEQ: dict = {}
+
+
+def install_fairseq_decoding_fixes() -> None:
+    """Install the fixes above in fairseq's ``search`` and ``utils`` modules (once)."""
+    if search.DiverseBeamSearch is not DiverseBeamSearchByRow:
+        search.DiverseBeamSearch = DiverseBeamSearchByRow
+    if search.LexicallyConstrainedBeamSearch is not ConstrainedBeamSearch:
+        search.LexicallyConstrainedBeamSearch = ConstrainedBeamSearch
+    aligning = sequence_generator.SequenceGeneratorWithAlignment
+    if aligning.generate is not generate_with_alignments:
+        aligning.generate = generate_with_alignments
+    if utils.load_align_dict is not load_align_dict:
+        _FAIRSEQ["load_align_dict"] = utils.load_align_dict
+        utils.load_align_dict = load_align_dict
+    if utils.replace_unk is not replace_unk:
+        utils.replace_unk = replace_unk
