@@ -26,12 +26,17 @@ fairseq did not fail.
   range``. It now aligns the hypotheses there are (:func:`~.alignment.add_alignments`).
 * **Lexically constrained decoding** gave beam slots to hypotheses scored ``-inf``, which can
   never finish, ahead of live ones (:class:`~.constrained_search.ConstrainedBeamSearch`).
+* **``--no-repeat-ngram-size`` did nothing on a CPU**: without the CUDA extension,
+  ``NGramRepeatBlock`` compares each hypothesis' n-grams with the last ``n - 1`` entries of the
+  whole token buffer, which are padding until the last step, so nothing was ever blocked. It
+  now reads the tokens produced so far (:func:`block_repeated_ngrams`).
 
 :func:`install_fairseq_decoding_fixes` replaces ``DiverseBeamSearch`` and
 ``LexicallyConstrainedBeamSearch`` in ``fairseq.search`` (where ``FairseqTask.build_generator``
 looks them up), ``SequenceGeneratorWithAlignment.generate``, and ``load_align_dict`` and
 ``replace_unk`` in ``fairseq.utils`` (looked up there by ``fairseq-generate``,
-``fairseq-interactive`` and ``post_process_prediction``). Idempotent.
+``fairseq-interactive`` and ``post_process_prediction``), and the CPU path of
+``NGramRepeatBlock``. Idempotent.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from typing import Optional
 
 import torch
 from fairseq import search, sequence_generator, tokenizer, utils
+from fairseq.ngram_repeat_block import NGramRepeatBlock
 from torch import Tensor
 
 from .alignment import add_alignments
@@ -124,6 +130,14 @@ def generate_with_alignments(self, models, sample, **kwargs):
     return add_alignments(self, sample, self._generate(sample, **kwargs))
 
 
+def block_repeated_ngrams(self, tokens: Tensor, lprobs: Tensor, bsz: int, beam_size: int,
+                          step: int) -> Tensor:
+    """``NGramRepeatBlock``'s CPU path on the tokens produced so far (BOS and ``step``
+    tokens) instead of the whole, mostly padded, buffer."""
+    return _FAIRSEQ["no_repeat_ngram"](self, tokens[:, : step + 1], lprobs, bsz, beam_size,
+                                       step)
+
+
 _FAIRSEQ: dict = {}
 
 
@@ -141,3 +155,6 @@ def install_fairseq_decoding_fixes() -> None:
         utils.load_align_dict = load_align_dict
     if utils.replace_unk is not replace_unk:
         utils.replace_unk = replace_unk
+    if NGramRepeatBlock._no_repeat_ngram is not block_repeated_ngrams:
+        _FAIRSEQ["no_repeat_ngram"] = NGramRepeatBlock._no_repeat_ngram
+        NGramRepeatBlock._no_repeat_ngram = block_repeated_ngrams
