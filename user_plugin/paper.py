@@ -13,6 +13,8 @@ from typing import Dict, Tuple
 
 # §5.1: each training step holds about 25,000 source and 25,000 target tokens.
 TOKENS_PER_STEP = 25_000
+# §5.1: WMT14 EN-FR is split into a vocabulary of 32,000 word pieces.
+WORDPIECE_VOCAB = 32_000
 # §5.2: base models train for 100,000 steps, big models for 300,000.
 BASE_TRAIN_STEPS = 100_000
 BIG_TRAIN_STEPS = 300_000
