@@ -23,6 +23,15 @@ _LAYER_NAMES = {
 }
 
 
+# options of fairseq's transformer beyond the paper that both models implement alike
+FAIRSEQ_TRANSFORMER_EXTRA_OPTIONS = (
+    "layernorm_embedding", "no_token_positional_embeddings", "no_decoder_final_norm",
+    "decoder_output_dim", "no_cross_attention", "cross_self_attention",
+    "adaptive_softmax_cutoff", "adaptive_softmax_dropout", "adaptive_softmax_factor",
+    "encoder_layers_to_keep", "decoder_layers_to_keep", "relu_dropout",
+)
+
+
 def build_fairseq_transformer(ours, task, cfg) -> TransformerModel:
     """fairseq's ``transformer`` with the hyperparameters of our model's ``cfg``."""
     args = argparse.Namespace(
@@ -37,6 +46,10 @@ def build_fairseq_transformer(ours, task, cfg) -> TransformerModel:
         )},
         activation_fn=str(cfg.activation_fn),
     )
+    for name in FAIRSEQ_TRANSFORMER_EXTRA_OPTIONS:  # options beyond the paper, when cfg has them
+        value = getattr(cfg, name, None)
+        if value is not None:
+            setattr(args, name, value)
     fairseq_base_architecture(args)
     return TransformerModel.build_model(args, task)
 
