@@ -18,7 +18,7 @@ architecture (docs/extending.md, ``examples/custom_ffn``)::
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 from fairseq import utils
 from fairseq.models import FairseqEncoderDecoderModel, register_model
@@ -133,38 +133,20 @@ class VaswaniTransformerModel(FairseqEncoderDecoderModel):
     @classmethod
     def build_self_attention(cls, stack: StackConfig) -> nn.Module:
         """Multi-head self-attention (§3.2.2); masked in the decoder (§3.2.3)."""
-        return MultiHeadAttention(
-            stack.embed_dim,
-            stack.attention_heads,
-            key_dim=stack.key_dim,
-            value_dim=stack.value_dim,
-            dropout=stack.attention_dropout,
-        )
+        return MultiHeadAttention(**attention_sizes(stack))
 
     @classmethod
     def build_encoder_attention(cls, stack: StackConfig) -> nn.Module:
         """The decoder's encoder-decoder attention (§3.2.3)."""
         return MultiHeadAttention(
-            stack.embed_dim,
-            stack.attention_heads,
-            key_dim=stack.key_dim,
-            value_dim=stack.value_dim,
-            dropout=stack.attention_dropout,
-            encoder_decoder=True,
-            kv_dim=stack.cfg.encoder_embed_dim,
+            **attention_sizes(stack), encoder_decoder=True, kv_dim=stack.cfg.encoder_embed_dim
         )
 
     @classmethod
     def build_cross_self_attention(cls, stack: StackConfig) -> nn.Module:
         """The decoder's self-attention over the encoder output and its own prefix together,
         replacing masked self-attention under ``--cross-self-attention`` (Peitz et al. 2019)."""
-        return CrossSelfAttention(
-            stack.embed_dim,
-            stack.attention_heads,
-            key_dim=stack.key_dim,
-            value_dim=stack.value_dim,
-            dropout=stack.attention_dropout,
-        )
+        return CrossSelfAttention(**attention_sizes(stack))
 
     @classmethod
     def build_feed_forward(cls, stack: StackConfig) -> nn.Module:
@@ -220,3 +202,14 @@ def load_pretrained_embedding(
             )
     utils.load_embedding(vectors, dictionary, embedding)
 
+
+def attention_sizes(stack: StackConfig) -> Dict[str, Any]:
+    """The arguments every attention of ``stack`` is built with: d_model, h, d_k, d_v (§3.2.2)
+    and the dropout on attention probabilities."""
+    return dict(
+        embed_dim=stack.embed_dim,
+        num_heads=stack.attention_heads,
+        key_dim=stack.key_dim,
+        value_dim=stack.value_dim,
+        dropout=stack.attention_dropout,
+    )
