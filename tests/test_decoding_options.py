@@ -4,8 +4,8 @@ real command lines, on a small model trained here (docs/decoding.md).
 For each option (the parametrized ``test_option_*`` tests):
 
 * under ``--task translation``, our model and fairseq's own ``transformer`` holding the same
-  weights (learned positions, mapped as in the equivalence test) print the same hypotheses,
-  scores and alignments;
+  weights (``python -m user_plugin.export --to fairseq``) print the same hypotheses, scores and
+  alignments;
 * under ``--task vaswani_translation``, a property of the option holds on our model's output
   (constraint tokens appear, alignments point inside the source, groups differ...), and the
   paper's decoding composes with it: every sentence is decoded, every output holds at most its
@@ -27,74 +27,48 @@ from typing import Callable
 
 import pytest
 import torch
-from cli import PAPER_OPTIMIZATION_ARGS, REPO, TINY_MODEL_ARGS, USER_DIR, fairseq_env, run_fairseq
+from cli import REPO, USER_DIR, fairseq_env, run_fairseq
 from conftest import TINY, build_vaswani, fake_task, make_dictionary, random_batch
-
-from user_plugin.builtin_transformer import copy_our_weights_into_fairseq
 
 ALPHA = 0.6
 SENTENCES = 30  # test sentences decoded per run
-LEARNED_POS = ["--encoder-learned-pos", "--decoder-learned-pos"]
-OURS_TRAIN_ARGS = [*TINY_MODEL_ARGS, *LEARNED_POS, *PAPER_OPTIMIZATION_ARGS,
-                   "--warmup-updates", "40", "--lr-scale", "0.5"]
-BUILTIN_TRAIN_ARGS = [
-    *["transformer" if arg == "vaswani_base" else arg for arg in TINY_MODEL_ARGS], *LEARNED_POS,
-    *[arg for arg in PAPER_OPTIMIZATION_ARGS if arg not in (
-        "vaswani_label_smoothed_cross_entropy", "--criterion", "--label-smoothing", "0.1")],
-    "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-    "--warmup-updates", "40", "--lr-scale", "0.5",
-]
 
 
 # ---------------------------------------------------------------- the model and the runs
 
 
-def builtin_checkpoint(ours: Path, template: Path, out: Path) -> Path:
-    """``ours``'s weights in fairseq's own ``transformer``: the ``template`` checkpoint (the
-    built-in trained briefly with the same options) with its weights replaced by ours, mapped
-    as the equivalence test maps them (learned positions keep their meaning)."""
-    from fairseq import checkpoint_utils
-
-    [our_model], _ = checkpoint_utils.load_model_ensemble([str(ours)])
-    [theirs], _ = checkpoint_utils.load_model_ensemble([str(template)])
-    copy_our_weights_into_fairseq(our_model, theirs)
-    state = torch.load(template, map_location="cpu", weights_only=False)
-    state["model"] = theirs.state_dict()
-    state["last_optimizer_state"] = None
-    torch.save(state, out)
-    return out
+def export_to_fairseq(checkpoint: Path, data_bin: Path, output: Path) -> Path:
+    """Our checkpoint as one of fairseq's own ``transformer`` (``python -m user_plugin.export
+    --to fairseq``: the same function, our §3.5 sinusoids held as its learned table)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "user_plugin.export", str(checkpoint), "--data-dir",
+         str(data_bin), "--to", "fairseq", "--output", str(output)],
+        cwd=REPO, env=fairseq_env(), capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return output
 
 
 @pytest.fixture(scope="module")
-def setup(multi30k_bin, tmp_path_factory) -> SimpleNamespace:
-    """Our tiny model with learned positions (60 updates, checkpoints at 20 and 60), the
-    same weights in fairseq's ``transformer``, and the first test sentences as a raw-text
+def setup(trained_multi30k, tmp_path_factory) -> SimpleNamespace:
+    """The tiny ``vaswani_base`` of the shared fixture (checkpoints after 20 and 60 updates),
+    the same weights as fairseq's ``transformer``, and the first test sentences as a raw-text
     dataset (``--dataset-impl raw``, which ``--replace-unk`` needs)."""
     root = tmp_path_factory.mktemp("decoding_options")
-    common = [multi30k_bin.data_bin, "--user-dir", USER_DIR, "--cpu", "--seed", "1",
-              "--max-tokens", "1500", "--required-batch-size-multiple", "1",
-              "--num-workers", "0", "--log-format", "json", "--log-interval", "1"]
-    ours_dir, template_dir = root / "ours", root / "builtin_template"
-    run_fairseq("train", [*common, *OURS_TRAIN_ARGS, "--max-update", "60",
-                          "--save-interval-updates", "20", "--save-dir", ours_dir])
-    run_fairseq("train", [*common, *BUILTIN_TRAIN_ARGS, "--max-update", "1",
-                          "--save-dir", template_dir])
-    early = next(ours_dir.glob("checkpoint_*_20.pt"))
+    data_bin = trained_multi30k.data_bin
     raw = root / "raw"
     raw.mkdir()
     for lang in ("en", "de"):
-        (raw / f"dict.{lang}.txt").write_bytes((multi30k_bin.data_bin / f"dict.{lang}.txt")
-                                               .read_bytes())
-        lines = (multi30k_bin.text_dir / f"test.{lang}").read_text(encoding="utf-8")
+        (raw / f"dict.{lang}.txt").write_bytes((data_bin / f"dict.{lang}.txt").read_bytes())
+        lines = (trained_multi30k.text_dir / f"test.{lang}").read_text(encoding="utf-8")
         (raw / f"test.en-de.{lang}").write_text(
             "\n".join(lines.splitlines()[:SENTENCES]) + "\n", encoding="utf-8")
-    last = ours_dir / "checkpoint_last.pt"
+    last = trained_multi30k.checkpoint_dir / "checkpoint_last.pt"
+    early = next(trained_multi30k.checkpoint_dir.glob("checkpoint_*_20.pt"))
     return SimpleNamespace(
         root=root, raw=raw, ours=last, ours_early=early,
-        builtin=builtin_checkpoint(last, template_dir / "checkpoint_last.pt",
-                                   root / "builtin_last.pt"),
-        builtin_early=builtin_checkpoint(early, template_dir / "checkpoint_last.pt",
-                                         root / "builtin_early.pt"),
+        builtin=export_to_fairseq(last, data_bin, root / "builtin_last.pt"),
+        builtin_early=export_to_fairseq(early, data_bin, root / "builtin_early.pt"),
     )
 
 
@@ -592,14 +566,17 @@ def test_constraints_are_met_by_the_per_sentence_limit():
     sample = source_batch(dictionary, [2, 4])
     z, w = 6, 7  # tokens the scripted model gives 1e-12
 
-    def run(search, constraints):
+    def run(search, constraints, fixed=True):
         generator = GNMTSequenceGenerator([model], dictionary, beam_size=3, len_penalty=ALPHA,
                                           max_len_over_source=3, search_strategy=search)
+        if not fixed:  # the generator as it was: fairseq's search, EOS forced at the limit
+            generator.search = ConstrainedBeamSearch.__bases__[0](dictionary, "ordered")
+            generator.model.constraint_search = None
         return generator.generate([model], sample, constraints=constraints)
 
     constraints = pack_constraints([[torch.tensor([z])], [torch.tensor([z, w])]])
     with pytest.raises(AssertionError):
-        run(ConstrainedBeamSearch.__bases__[0](dictionary, "ordered"), constraints)
+        run(ConstrainedBeamSearch(dictionary, "ordered"), constraints, fixed=False)
     for sentence, hypos in zip([[z], [z, w]], run(ConstrainedBeamSearch(dictionary, "ordered"),
                                                   constraints)):
         assert len(hypos) == 3

@@ -18,7 +18,10 @@ is what the hypotheses ran into). Two changes make the two compose:
   candidate of each bank even when its score is ``-inf`` (all of its continuations forbidden),
   pushing finite candidates out of the beam; such a hypothesis can never finish.
   :class:`ConstrainedBeamSearch` ranks ``-inf`` candidates after every finite one, keeping
-  fairseq's order otherwise.
+  fairseq's order otherwise, and records which sentences have no live candidate left
+  (:attr:`ConstrainedBeamSearch.exhausted`): when constraints leave fewer paths than the beam
+  holds, such a sentence ends with the hypotheses it has (the generator's ``is_finished``)
+  instead of waiting for hypotheses that can never come.
 """
 
 from __future__ import annotations
@@ -66,7 +69,21 @@ def constraint_lengths(constraints: Tensor) -> Tensor:
 
 class ConstrainedBeamSearch(LexicallyConstrainedBeamSearch):
     """fairseq's lexically constrained beam search, where candidates scored ``-inf`` come after
-    every finite candidate of their sentence, and constraints are required."""
+    every finite candidate of their sentence, and constraints are required.
+
+    After each step, ``exhausted[i]`` says that sentence ``i`` of the batch has no finite
+    candidate but EOS: once those end, nothing of it can be continued."""
+
+    exhausted: Tensor | None = None
+
+    def step(self, step: int, lprobs: Tensor, scores, prev_output_tokens=None,
+             original_batch_idxs=None):
+        cand_scores, cand_indices, cand_beams = super().step(
+            step, lprobs, scores, prev_output_tokens, original_batch_idxs
+        )
+        live = cand_scores.ne(-math.inf) & cand_indices.ne(self.eos)
+        self.exhausted = ~live.any(dim=1)
+        return cand_scores, cand_indices, cand_beams
 
     def init_constraints(self, batch_constraints, beam_size: int) -> None:
         if batch_constraints is None:

@@ -229,6 +229,15 @@ class GNMTSequenceGenerator(SequenceGenerator):
             self.max_len_b = batch_cap
             self.model.forced_lengths = None
 
+    def is_finished(self, step: int, unfin_idx: int, max_len: int, finalized_sent_len: int,
+                    beam_size: int) -> bool:
+        """fairseq's rule (``beam`` hypotheses, or the maximum length), or a sentence whose
+        constrained search has nothing left to continue (fewer paths than the beam)."""
+        if super().is_finished(step, unfin_idx, max_len, finalized_sent_len, beam_size):
+            return True
+        exhausted = getattr(self.search, "exhausted", None)
+        return exhausted is not None and bool(exhausted[unfin_idx])
+
     def length_penalty(self, length: int) -> float:
         """The divisor of ``log P(Y|X)`` for a finished hypothesis of ``length`` tokens (+EOS)."""
         if self.length_penalty_form == "gnmt":
