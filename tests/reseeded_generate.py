@@ -1,10 +1,11 @@
-"""fairseq-generate with torch's random state reset to ``--seed`` once the models are loaded.
+"""fairseq-generate with torch's random state reset to ``--seed`` before each batch.
 
 Building a model draws random numbers for its initial weights (which the checkpoint then
 replaces), and our model and fairseq's ``transformer`` draw different amounts, so with the same
-``--seed`` sampling would start from different random states. Reseeding after loading makes
-the sampling draws depend only on the seed and on the model's probabilities, so that two
-implementations of the same function can be compared sample for sample.
+``--seed`` sampling would start from different random states. Reseeding before each batch makes
+every batch's sampling draws depend only on the seed and on the model's probabilities, so that
+two implementations of the same function can be compared sample for sample, and a draw that
+float rounding sends the other way changes its own batch only.
 
 Usage: ``python tests/reseeded_generate.py DATA --seed N ...`` (fairseq-generate's arguments).
 """
@@ -12,20 +13,19 @@ Usage: ``python tests/reseeded_generate.py DATA --seed N ...`` (fairseq-generate
 import sys
 
 import torch
-from fairseq import checkpoint_utils
+from fairseq.tasks import FairseqTask
 from fairseq_cli import generate
 
 
 def main() -> None:
     seed = int(sys.argv[sys.argv.index("--seed") + 1])
-    load = checkpoint_utils.load_model_ensemble
+    inference_step = FairseqTask.inference_step
 
-    def load_then_reseed(*args, **kwargs):
-        loaded = load(*args, **kwargs)
+    def reseeded_inference_step(self, *args, **kwargs):
         torch.manual_seed(seed)
-        return loaded
+        return inference_step(self, *args, **kwargs)
 
-    checkpoint_utils.load_model_ensemble = load_then_reseed
+    FairseqTask.inference_step = reseeded_inference_step
     generate.cli_main()
 
 

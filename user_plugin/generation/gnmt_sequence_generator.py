@@ -145,10 +145,12 @@ class SourceLengthCappedEnsemble(EnsembleModel):
             return forced
         group = len(states[0])
         longest = max(total_tokens(sentence[0]) for sentence in states)
+        left = room.tolist()
         for row in room.le(longest).nonzero().view(-1).tolist():
             state = states[row // group][row % group]
-            if 0 < tokens_to_go(state) >= int(room[row]):
-                allowed = torch.tensor(advancing_tokens(state), device=lprobs.device)
+            advancing = advancing_tokens(state) if 0 < tokens_to_go(state) >= left[row] else []
+            if advancing:
+                allowed = torch.tensor(advancing, dtype=torch.long, device=lprobs.device)
                 kept = lprobs[row, allowed].clone()
                 lprobs[row] = -math.inf
                 lprobs[row, allowed] = kept

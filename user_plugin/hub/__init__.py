@@ -9,6 +9,9 @@
     translator.translate(["One sentence.", "Another one."])    # -> [str, str]
     translator.translate("A dog runs.", nbest=3)               # -> [str, str, str], best first
     load_translator("model_dir", checkpoints=["a.pt", "b.pt"])  # an ensemble (averaged probs)
+    translator.translate("A dog runs.", constraints=["Hund"])  # lexically constrained
+    translator.translate("A dog runs.", sampling=True, nbest=3, sampling_topk=10, seed=1)
+    translator.translate_tokens(["A dog runs ."], alignment=True)  # + (source, target) pairs
 
 A model directory holds (names tried in this order, each overridable by a keyword):
 
@@ -27,7 +30,9 @@ The languages come from the keywords, the checkpoint, or the binarized file name
 directory.
 
 Decoding defaults are the paper's: beam 4, GNMT length penalty with alpha 0.6, at most
-source length + 50 output tokens per sentence (the ``vaswani_translation`` task's generator).
+source length + 50 output tokens per sentence (the ``vaswani_translation`` task's generator);
+n-best lists, lexical constraints, sampling and alignments are options of each call
+(docs/decoding.md).
 
 Command line: ``python -m user_plugin.hub MODEL_DIR [--source-lang en --target-lang de ...]``
 translates stdin line by line.

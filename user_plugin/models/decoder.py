@@ -78,27 +78,12 @@ class VaswaniDecoder(TransformerStack, FairseqIncrementalDecoder):
         encoder_out: Optional[Dict[str, List]] = None,
         incremental_state: Optional[IncrementalState] = None,
         features_only: bool = False,
-        src_lengths: Optional[Tensor] = None,
-        return_all_hiddens: bool = False,
-        need_attn: bool = False,
-        full_context_alignment: bool = False,
-        alignment_layer: Optional[int] = None,
-        alignment_heads: Optional[int] = None,
-        **unused: Any,
+        **options: Any,
     ) -> Tuple[Tensor, Dict[str, Any]]:
-        """Scores for the next token at every position of ``prev_output_tokens`` [B, T].
-
-        Returns ``(logits [B, T, V], extra)``; ``extra["attn"][0]`` is the alignment layer's
-        encoder-decoder attention averaged over its alignment heads ([B, T, S]) when
-        ``need_attn`` or :attr:`return_alignment` is set, else None. ``alignment_layer`` and
-        ``alignment_heads`` override the model's; ``full_context_alignment`` lifts the causal
-        mask of self-attention (fairseq's option, for alignments over the whole output).
-        """
-        x, extra = self.extract_features(
-            prev_output_tokens, encoder_out, incremental_state, return_all_hiddens, need_attn,
-            full_context_alignment=full_context_alignment, alignment_layer=alignment_layer,
-            alignment_heads=alignment_heads,
-        )
+        """Scores for the next token at every position of ``prev_output_tokens`` [B, T]:
+        ``(logits [B, T, V], extra)``; ``options`` are :meth:`extract_features`'s."""
+        x, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state,
+                                         **options)
         if not features_only:
             x = self.output_layer(x)
         return x, extra
@@ -115,6 +100,16 @@ class VaswaniDecoder(TransformerStack, FairseqIncrementalDecoder):
         alignment_heads: Optional[int] = None,
         **unused: Any,
     ) -> Tuple[Tensor, Dict[str, Any]]:
+        """The last layer's output [B, T, C] and ``extra``: ``inner_states`` (every layer's
+        output with ``return_all_hiddens``), ``attn``: ``[alignment scores]``, the alignment
+        layer's encoder-decoder attention averaged over its alignment heads ([B, T, S]) when
+        ``need_attn`` or :attr:`return_alignment` is set, else ``[None]``, and with
+        ``need_attn`` every layer's attention probabilities (``layer_attn``).
+
+        ``alignment_layer`` / ``alignment_heads`` override the model's;
+        ``full_context_alignment`` lifts the causal mask of self-attention (fairseq's option,
+        for alignments over a whole output).
+        """
         check_length(prev_output_tokens.size(1), self.stack.max_positions,
                      "--max-target-positions")
         positions = token_positions(prev_output_tokens, self.padding_idx)
