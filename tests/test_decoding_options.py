@@ -624,6 +624,38 @@ def test_task_refuses_options_that_cannot_apply(options, message):
         task.build_generator([ours], Namespace(**options))
 
 
+def generation_cfg(task: str = "vaswani_translation", **generation):
+    """What fairseq-generate hands ``prepare_for_inference_``: the generation options."""
+    from argparse import Namespace
+
+    options = dict(beam=4, print_alignment=None, replace_unk=None, retain_dropout=False,
+                   retain_dropout_modules=None, no_beamable_mm=False)
+    return Namespace(generation=Namespace(**{**options, **generation}),
+                     task=Namespace(_name=task))
+
+
+def test_prepare_for_inference_switches_alignments_and_dropout():
+    dictionary, ours, _ = paired_decoders()
+    ours.prepare_for_inference_(generation_cfg(replace_unk=""))
+    assert ours.decoder.return_alignment and not ours.training
+    dictionary, ours, _ = paired_decoders()
+    ours.prepare_for_inference_(generation_cfg(retain_dropout=True,
+                                               retain_dropout_modules="AddAndNorm"))
+    assert not ours.decoder.return_alignment
+    trained = {type(m).__name__ for m in ours.modules() if m.training}
+    assert trained == {"AddAndNorm"}
+
+
+def test_alignments_of_a_model_without_cross_attention_are_refused():
+    from user_plugin.generation import DecodingOptionError
+
+    _, ours, _ = paired_decoders(no_cross_attention=True)
+    with pytest.raises(DecodingOptionError, match="--no-cross-attention"):
+        ours.prepare_for_inference_(generation_cfg(print_alignment="hard"))
+    with pytest.raises(DecodingOptionError, match="--print-alignment under --task translation"):
+        paired_decoders()[1].prepare_for_inference_(generation_cfg("translation", replace_unk=""))
+
+
 def test_replace_unk_reads_every_alignment_format():
     from fairseq import utils
 

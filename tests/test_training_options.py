@@ -32,6 +32,12 @@ INTENTIONAL_DIFFERENCES = {
                          "always uses d_model / h",
     "attention_value_dim": "d_v per head set on its own; fairseq's transformer always uses "
                            "d_model / h",
+    "alignment_layer": "fairseq's transformer_align option (which layer --print-alignment "
+                       "reads); fairseq's transformer always reads the last",
+    "alignment_heads": "fairseq's transformer_align option (how many heads alignments "
+                       "average); fairseq's transformer always averages all",
+    "full_context_alignment": "fairseq's transformer_align option (alignments without the "
+                              "causal mask)",
 }
 
 

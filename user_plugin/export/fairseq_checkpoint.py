@@ -59,7 +59,9 @@ OUR_MODEL = "vaswani_transformer"
 
 #: How each option of our model configuration reaches fairseq's ``transformer``: ``same`` (same
 #: name, same meaning), ``learned table`` (the positions become a learned table holding ours)
-#: or ``d_model / heads only`` (the built-in has no such option; only its fixed value exports).
+#: or ``d_model / heads only`` (the built-in has no such option; only its fixed value exports),
+#: or ``not exported`` (how alignments are read at decoding time: the built-in always aligns
+#: with its last layer's heads, fairseq's defaults).
 OPTION_MAPPING: dict[str, str] = {
     **{name: "same" for name in SHARED_OPTIONS},
     "activation_fn": "same",
@@ -67,6 +69,9 @@ OPTION_MAPPING: dict[str, str] = {
     "decoder_learned_pos": "learned table",
     "attention_key_dim": "d_model / heads only",
     "attention_value_dim": "d_model / heads only",
+    "alignment_layer": "not exported",
+    "alignment_heads": "not exported",
+    "full_context_alignment": "not exported",
 }
 
 #: Our criteria -> the stock criterion that computes the same loss.
