@@ -12,21 +12,22 @@
 # source and 25000 target tokens (§5.1). fairseq's --max-tokens bounds each side of one batch,
 # so the number of batches accumulated per step is
 # --update-freq = ceil(TOKENS_PER_STEP / (MAX_TOKENS x training processes)), the processes of
-# all nodes counted (one per GPU; one per node on CPU).
+# all nodes counted (one per GPU; one per node on CPU), and the batches then share the step
+# evenly: --max-tokens = ceil(TOKENS_PER_STEP / (update-freq x processes)) <= MAX_TOKENS.
 #
 # Environment (defaults in brackets; "paper" ones come from user_plugin/paper.py): WORK_DIR,
 # MODEL [base|big], RUN_DIR [$WORK_DIR/$MODEL], DATA_BIN [$WORK_DIR/data-bin, the binarize
 # step's; another fairseq-preprocess output of the pair is used as it is], ARCH [vaswani_base |
 # the pair's big one], MAX_UPDATE [paper: 100000 | 300000], WARMUP_UPDATES [paper: 4000],
-# LABEL_SMOOTHING [paper: 0.1], MAX_TOKENS [4096 per process], TOKENS_PER_STEP [paper: 25000],
+# LABEL_SMOOTHING [paper: 0.1], MAX_TOKENS [4096: a batch's bound], TOKENS_PER_STEP [paper: 25000],
 # UPDATE_FREQ [computed], DEVICE [gpu when torch sees one, else cpu], NUM_GPUS [all visible:
 # GPUs per node], PRECISION [GPU: bf16 with compute capability >= 8, else fp16; CPU: fp32;
 # fp16 (GPU only)|bf16|fp32], NNODES [1, or Slurm's SLURM_NNODES], NODE_RANK [0, or
 # SLURM_NODEID], MASTER_ADDR [node 0's address; under Slurm the first host of
 # SLURM_JOB_NODELIST], MASTER_PORT [29500; under Slurm 20000 + SLURM_JOB_ID mod 40000],
-# SAVE_INTERVAL_UPDATES [paper: 1500 |
-# 600, every 10 minutes], AVERAGE_LAST [paper: 5 | 20: the interval checkpoints kept for the
-# average step; 0: the run is not averaged, only the newest is kept and none is required],
+# SAVE_INTERVAL_UPDATES [paper: 1500 | 600, every 10 minutes], AVERAGE_LAST [paper: 5 | 20:
+# the interval checkpoints kept for the average step; 0: the run is not averaged, only the
+# newest is kept and none is required],
 # SEED [1], LOG_INTERVAL [100], TRAIN_TASK [translation], EXTRA_ARGS [none; more fairseq-train
 # options, last so they win, e.g. a tiny model].
 #
@@ -64,6 +65,7 @@ for name in WARMUP_UPDATES MAX_TOKENS TOKENS_PER_STEP SEED LOG_INTERVAL; do
   require_int "$name"
 done
 [ "$MAX_TOKENS" -gt 0 ] || die "MAX_TOKENS must be positive"
+[ "$TOKENS_PER_STEP" -gt 0 ] || die "TOKENS_PER_STEP must be positive"
 [ "$SAVE_INTERVAL_UPDATES" -gt 0 ] || die "SAVE_INTERVAL_UPDATES must be positive (averaging needs interval checkpoints)"
 S=$SRC_LANG
 T=$TGT_LANG
@@ -141,19 +143,31 @@ restrict_visible_gpus() {
 }
 
 # batch_args: BATCH_ARGS, the batch size: each step holds about TOKENS_PER_STEP source and as
-# many target tokens (§5.1), MAX_TOKENS per batch in each of the WORLD_SIZE processes, times
-# UPDATE_FREQ accumulated batches.
+# many target tokens (§5.1): UPDATE_FREQ accumulated batches in each of the WORLD_SIZE processes,
+# each of at most BATCH_TOKENS tokens. UPDATE_FREQ (unless given) is the least number of
+# batches of at most MAX_TOKENS that make up the step; BATCH_TOKENS then shares the step evenly,
+# ceil(TOKENS_PER_STEP / (UPDATE_FREQ x WORLD_SIZE)) <= MAX_TOKENS, so that with many workers
+# (8 GPUs: 8 x 4096 = 32768) a step does not grow past the paper's.
 batch_args() {
   local per_pass=$(( MAX_TOKENS * WORLD_SIZE ))
+  BATCH_TOKENS=$MAX_TOKENS
   if [ -n "${UPDATE_FREQ:-}" ]; then
     require_int UPDATE_FREQ
+    [ "$UPDATE_FREQ" -gt 0 ] || die "UPDATE_FREQ must be positive"
     log "update-freq $UPDATE_FREQ (given)"
   else
     UPDATE_FREQ=$(( (TOKENS_PER_STEP + per_pass - 1) / per_pass ))
     log "update-freq = ceil($TOKENS_PER_STEP / ($MAX_TOKENS tokens x $WORLD_SIZE $DEVICE worker(s))) = $UPDATE_FREQ"
+    per_pass=$(( UPDATE_FREQ * WORLD_SIZE ))
+    BATCH_TOKENS=$(( (TOKENS_PER_STEP + per_pass - 1) / per_pass ))
+    if [ "$BATCH_TOKENS" -lt "$MAX_TOKENS" ]; then
+      log "max-tokens = ceil($TOKENS_PER_STEP / ($UPDATE_FREQ x $WORLD_SIZE)) = $BATCH_TOKENS" \
+          "per batch (at most MAX_TOKENS=$MAX_TOKENS)"
+    fi
+    per_pass=$(( BATCH_TOKENS * WORLD_SIZE ))
   fi
   log "tokens per step: up to $(( per_pass * UPDATE_FREQ )) source and as many target tokens (paper: ~$PAPER_TOKENS_PER_STEP each)"
-  BATCH_ARGS=(--max-tokens "$MAX_TOKENS" --update-freq "$UPDATE_FREQ"
+  BATCH_ARGS=(--max-tokens "$BATCH_TOKENS" --update-freq "$UPDATE_FREQ"
               --required-batch-size-multiple 1)
 }
 
@@ -213,6 +227,9 @@ run_identity() {
   CONFIG+=" task=$TRAIN_TASK extra=$EXTRA_ARGS"
   if [ "$NNODES" -gt 1 ]; then
     CONFIG+=" nodes=$NNODES"
+  fi
+  if [ "$BATCH_TOKENS" != "$MAX_TOKENS" ]; then
+    CONFIG+=" batch_tokens=$BATCH_TOKENS"
   fi
   if [ -n "${DATA_BIN:-}" ] && [ ! -f "$BIN_DIR/.done" ]; then
     INPUTS=()
