@@ -48,7 +48,7 @@ RECIPE_TINY_MODEL = (
 # what the train step reads from the environment besides what the tests set (and Slurm's)
 CALLER_SETTINGS = ("MODEL", "ARCH", "RUN_DIR", "LABEL_SMOOTHING", "UPDATE_FREQ", "NUM_GPUS",
                    "SEED", "TRAIN_TASK", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
-                   "PAIR", "STEP_NAME")
+                   "PAIR", "STEP_NAME", "VENV")
 
 
 def recipe_environment(**settings) -> dict:
