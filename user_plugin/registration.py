@@ -6,7 +6,9 @@
 * task ``vaswani_translation`` with the paper's beam search settings (``tasks/``, §6.1);
 * the types of fairseq checkpoints, allow-listed for torch's safe loading (``safe_loading``);
 * atomic copies of fairseq's ``checkpoint_last.pt`` / ``checkpoint_best.pt``
-  (``atomic_checkpoint_copy``).
+  (``atomic_checkpoint_copy``);
+* a progress line with the time left after each ``train_inner`` record of fairseq-train
+  (``progress``).
 
 ``--user-dir user_plugin`` gets here through ``tasks/__init__``, which fairseq's loader imports in
 every entry point and every spawned process before any checkpoint is read. Python code that
@@ -15,10 +17,12 @@ and the scripts do).
 """
 
 from .atomic_checkpoint_copy import install_atomic_checkpoint_copy
+from .progress import install_progress_reporting
 from .safe_loading import allow_fairseq_checkpoint_globals
 
 allow_fairseq_checkpoint_globals()
 install_atomic_checkpoint_copy()
+install_progress_reporting()
 
 # Registration happens on import; safe loading must be allowed first, hence the late imports.
 from . import criterions, lr_schedulers, models, tasks  # noqa: E402,F401,I001
