@@ -12,8 +12,8 @@
 # The built-in model runs in $WORK_DIR/builtin_transformer. When both are finished,
 # scripts/parity_report.py writes $PARITY_DIR/parity.md (sacreBLEU and tokenized BLEU side by
 # side, with the validation figures) and $PARITY_DIR/parity_curves.png (both runs' training
-# curves overlaid). Every part is resumable like the demo; a rerun of finished work only
-# rewrites the comparison.
+# curves overlaid). Every part is resumable like the demo; a rerun of finished work changes
+# nothing (the comparison is redone when either run was).
 #
 # Environment (defaults in brackets): WORK_DIR [work_dirs/demo_multi30k], PARITY_DIR
 # [$WORK_DIR/parity], and the demo's (SEED [1], MAX_UPDATE, SETUP_VENV, ...), the same for both.
@@ -56,8 +56,17 @@ for arm in vaswani transformer; do
   fi
 done
 activate_venv
-run python "$SCRIPTS_DIR/parity_report.py" \
-  --run "vaswani_transformer=$(arm_dir vaswani)" \
-  --run "fairseq transformer=$(arm_dir transformer)" \
-  --output-dir "$PARITY_DIR"
+config="v1 vaswani=$(arm_dir vaswani) transformer=$(arm_dir transformer)"
+upstream=("$(arm_dir vaswani)/score" "$(arm_dir transformer)/score")
+if step_is_done "$PARITY_DIR" "$config" "${upstream[@]}"; then
+  log "comparison already written ($PARITY_DIR/.done); skipping"
+else
+  step_restart "$PARITY_DIR"
+  run python "$SCRIPTS_DIR/parity_report.py" \
+    --run "vaswani_transformer=$(arm_dir vaswani)" \
+    --run "fairseq transformer=$(arm_dir transformer)" \
+    --output-dir "$PARITY_DIR"
+  step_mark_done "$PARITY_DIR" "$config" "${upstream[@]}" -- \
+    parity.md parity.json parity_curves.png
+fi
 cat "$PARITY_DIR/parity.md"
