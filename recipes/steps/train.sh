@@ -4,7 +4,9 @@
 #   bash recipes/steps/train.sh PAIR        (PAIR: a file of recipes/pairs/, e.g. wmt14_en_de)
 #
 # Checkpoints go to $RUN_DIR/checkpoints; fairseq-train's output goes to stdout and is appended
-# to checkpoints/train.log.
+# to checkpoints/train.log, with a progress line (update n / N, elapsed, time left) every
+# LOG_INTERVAL updates; TensorBoard logs go to checkpoints/tensorboard, and the training curves
+# to checkpoints/training_curves.png when training ends.
 #
 # Paper settings (user_plugin/paper.py): shared source/target/output embeddings (§3.4); Adam
 # with beta (0.9, 0.98), eps 1e-9 and the warm-up / inverse-square-root rate with 4000 warm-up
@@ -28,8 +30,10 @@
 # SAVE_INTERVAL_UPDATES [paper: 1500 | 600, every 10 minutes], AVERAGE_LAST [paper: 5 | 20:
 # the interval checkpoints kept for the average step; 0: the run is not averaged, only the
 # newest is kept and none is required],
-# SEED [1], LOG_INTERVAL [100], TRAIN_TASK [translation], EXTRA_ARGS [none; more fairseq-train
-# options, last so they win, e.g. a tiny model].
+# SEED [1], LOG_INTERVAL [100], TRAIN_TASK [translation], TENSORBOARD_DIR
+# [$RUN_DIR/checkpoints/tensorboard; none: no TensorBoard logs], CURVES_PNG
+# [$RUN_DIR/checkpoints/training_curves.png, drawn when training ends], EXTRA_ARGS [none; more
+# fairseq-train options, last so they win, e.g. a tiny model].
 #
 # Several nodes (NNODES > 1): run this script on every node with the same settings and its own
 # NODE_RANK (under Slurm: `srun --nodes N --ntasks-per-node 1 bash recipes/steps/train.sh PAIR`).
@@ -70,6 +74,8 @@ done
 S=$SRC_LANG
 T=$TGT_LANG
 TRAIN_LOG="$CKPT_DIR/train.log"
+TENSORBOARD_DIR=${TENSORBOARD_DIR:-$CKPT_DIR/tensorboard}
+CURVES_PNG=${CURVES_PNG:-$CKPT_DIR/training_curves.png}
 
 # ---- the fairseq-train command line, built in parts -------------------------------------------
 
@@ -179,9 +185,14 @@ checkpoint_args() {
                    --keep-interval-updates "$keep" --no-epoch-checkpoints)
 }
 
-# log_args: LOG_ARGS, how fairseq-train reports progress.
+# log_args: LOG_ARGS, how fairseq-train reports progress: every LOG_INTERVAL updates a line of
+# statistics and the plugin's progress line (update n / N, elapsed, time left, loss, lr:
+# user_plugin/progress.py); TensorBoard event files in TENSORBOARD_DIR unless it is "none".
 log_args() {
   LOG_ARGS=(--log-format simple --log-interval "$LOG_INTERVAL")
+  if [ "$TENSORBOARD_DIR" != none ]; then
+    LOG_ARGS+=(--tensorboard-logdir "$TENSORBOARD_DIR")
+  fi
 }
 
 # train_args: TRAIN_ARGS, the whole fairseq-train command line: the data, the paper's model,
@@ -213,6 +224,17 @@ run_training() {
   fi
   if [ "$NODE_RANK" -eq 0 ] && [ ! -f "$CKPT_DIR/checkpoint_last.pt" ]; then
     die "fairseq-train wrote no $CKPT_DIR/checkpoint_last.pt"
+  fi
+}
+
+# plot_curves: the training curves of TRAIN_LOG (train and validation loss, validation
+# perplexity, learning rate, validation BLEU when measured) drawn into CURVES_PNG by
+# scripts/plot_training.py. A picture that cannot be drawn is a warning, not a failed training.
+plot_curves() {
+  if python "$SCRIPTS_DIR/plot_training.py" "$TRAIN_LOG" --output "$CURVES_PNG"; then
+    log "training curves: $CURVES_PNG"
+  else
+    log "warning: no training curves drawn from $TRAIN_LOG (see the line above)"
   fi
 }
 
@@ -277,6 +299,7 @@ fi
 step_begin "$CKPT_DIR" "$CONFIG" "${INPUTS[@]}"
 
 run_training
+plot_curves
 mapfile -t interval < <(cd "$CKPT_DIR" && ls checkpoint_[0-9]*_[0-9]*.pt 2>/dev/null || true)
 if [ "$AVERAGE_LAST" -gt 0 ] && [ "${#interval[@]}" -eq 0 ]; then
   die "no interval checkpoints in $CKPT_DIR (run longer than SAVE_INTERVAL_UPDATES=$SAVE_INTERVAL_UPDATES)"
