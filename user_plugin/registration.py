@@ -8,7 +8,11 @@
 * atomic copies of fairseq's ``checkpoint_last.pt`` / ``checkpoint_best.pt``
   (``atomic_checkpoint_copy``);
 * fixes of fairseq's decoding bugs: diverse beam search, ``--replace-unk``
-  (``generation/fairseq_fixes``).
+  (``generation/fairseq_fixes``);
+* fairseq's ``--bf16`` as bfloat16 autocast on CUDA GPUs and CPUs, and float16 loss-scale
+  overflows handled on a CPU (``precision``);
+* a progress line with the time left after each ``train_inner`` record of fairseq-train
+  (``progress``).
 
 ``--user-dir user_plugin`` gets here through ``tasks/__init__``, which fairseq's loader imports in
 every entry point and every spawned process before any checkpoint is read. Python code that
@@ -17,10 +21,14 @@ and the scripts do).
 """
 
 from .atomic_checkpoint_copy import install_atomic_checkpoint_copy
+from .precision import install_reduced_precision
+from .progress import install_progress_reporting
 from .safe_loading import allow_fairseq_checkpoint_globals
 
 allow_fairseq_checkpoint_globals()
 install_atomic_checkpoint_copy()
+install_reduced_precision()
+install_progress_reporting()
 
 # Registration happens on import; safe loading must be allowed first, hence the late imports.
 from . import criterions, lr_schedulers, models, tasks  # noqa: E402,F401,I001
