@@ -5,7 +5,8 @@ Translate with Transformer Models" (Garg et al. 2019) does: one decoder layer's 
 averaged over heads (``--alignment-layer``, ``--alignment-heads``: model options, see
 :mod:`user_plugin.models.decoder`), recorded step by step by beam search into each
 hypothesis' ``attention`` ([S, |Y|]); a *hard* alignment links each output token to the source
-token it attends to most (word indices, BPE pieces merged), a *soft* one prints the scores.
+token it attends to most (token indices counted without EOS and padding), a *soft* one prints
+the scores.
 
 Our decoder computes attention probabilities only when asked (otherwise PyTorch's fused
 scaled dot-product attention runs, which returns none), so alignments are switched on
