@@ -6,7 +6,10 @@
 * task ``vaswani_translation`` with the paper's beam search settings (``tasks/``, §6.1);
 * the types of fairseq checkpoints, allow-listed for torch's safe loading (``safe_loading``);
 * atomic copies of fairseq's ``checkpoint_last.pt`` / ``checkpoint_best.pt``
-  (``atomic_checkpoint_copy``).
+  (``atomic_checkpoint_copy``);
+* the training run's save directory: one writer, final means final, verified and intact
+  resumes, one-line save errors, no orphaned temporary files; every checkpoint fairseq reads is
+  verified (``training_run``).
 
 ``--user-dir user_plugin`` gets here through ``tasks/__init__``, which fairseq's loader imports in
 every entry point and every spawned process before any checkpoint is read. Python code that
@@ -16,9 +19,11 @@ and the scripts do).
 
 from .atomic_checkpoint_copy import install_atomic_checkpoint_copy
 from .safe_loading import allow_fairseq_checkpoint_globals
+from .training_run import install_training_run_guards
 
 allow_fairseq_checkpoint_globals()
 install_atomic_checkpoint_copy()
+install_training_run_guards()
 
 # Registration happens on import; safe loading must be allowed first, hence the late imports.
 from . import criterions, lr_schedulers, models, tasks  # noqa: E402,F401,I001
