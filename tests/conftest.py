@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -162,3 +163,49 @@ def random_batch(dictionary: Dictionary, batch: int = 3, src_len: int = 7, tgt_l
         prev[i, :m] = torch.randint(nspecial, len(dictionary), (m,), generator=gen)
         prev[i, 0] = eos
     return src, src_lengths, prev
+
+
+#: Small models that decode real sentences after a minute of CPU training: d_model 32, 2+2
+#: layers; the variants the exports must handle (post-/pre-norm, shared/separate embeddings,
+#: sinusoidal/learned positions).
+SHIPPING_VARIANTS = {
+    "postnorm_shared": ["--share-all-embeddings"],
+    "prenorm_separate_learned": ["--encoder-normalize-before", "--decoder-normalize-before",
+                                 "--encoder-learned-pos", "--decoder-learned-pos"],
+}
+
+
+@pytest.fixture(scope="session")
+def shipping_models(multi30k_bin) -> SimpleNamespace:
+    """Each of :data:`SHIPPING_VARIANTS` trained by the real ``fairseq-train`` for 200
+    updates (4 epochs) on :func:`multi30k_bin`; ``checkpoints[variant]`` is the average of its
+    last two epoch checkpoints (``scripts/average_checkpoints.py``, as the paper decodes)."""
+    from cli import PAPER_OPTIMIZATION_ARGS, USER_DIR, fairseq_env, run_fairseq
+
+    model_args = [
+        "--arch", "vaswani_base", "--encoder-layers", "2", "--decoder-layers", "2",
+        "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+        "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+        "--encoder-attention-heads", "4", "--decoder-attention-heads", "4", "--dropout", "0.1",
+    ]
+    checkpoints = {}
+    for variant, extra in SHIPPING_VARIANTS.items():
+        save_dir = multi30k_bin.root / "shipping" / variant
+        run_fairseq("train", [
+            multi30k_bin.data_bin, "--user-dir", USER_DIR, "--cpu", "--seed", "1",
+            *model_args, *extra, *PAPER_OPTIMIZATION_ARGS,
+            "--warmup-updates", "100", "--max-tokens", "1000",
+            "--max-update", "200",
+            "--save-dir", save_dir, "--disable-validation", "--num-workers", "0",
+            "--required-batch-size-multiple", "1", "--log-interval", "50",
+        ])
+        average = save_dir / "checkpoint_avg.pt"
+        proc = subprocess.run(
+            [sys.executable, str(REPO / "scripts" / "average_checkpoints.py"), "--inputs",
+             str(save_dir), "--num-epoch-checkpoints", "2", "--output", str(average)],
+            env=fairseq_env(), capture_output=True, text=True, timeout=300, check=False,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        checkpoints[variant] = average
+    return SimpleNamespace(data_bin=multi30k_bin.data_bin, text_dir=multi30k_bin.text_dir,
+                           checkpoints=checkpoints)

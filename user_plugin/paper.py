@@ -1,7 +1,8 @@
 """The paper's training and decoding settings, defined once (Vaswani et al. 2017, §5, §6).
 
-Python code imports these names; the shell recipes read the same values through
-``python -m user_plugin.paper``, which prints them as ``NAME=value`` lines for ``eval``.
+Python code imports these names; the shell recipes read the same values by running this file
+(``python user_plugin/paper.py``, or ``python -m user_plugin.paper``), which prints them as
+``PAPER_<NAME>='value'`` lines for ``eval``.
 Model sizes live with the architectures (``models/architectures.py``), since an architecture
 is the paper's definition of a model.
 """
@@ -60,7 +61,7 @@ def shell_assignments() -> Dict[str, str]:
 
 
 def main() -> int:
-    """Print ``PAPER_<NAME>=value`` lines, for ``eval "$(python -m user_plugin.paper)"``."""
+    """Print ``PAPER_<NAME>='value'`` lines, for ``eval "$(python user_plugin/paper.py)"``."""
     for name, value in shell_assignments().items():
         print(f"{name}='{value}'")
     return 0

@@ -1,0 +1,90 @@
+"""``python -m user_plugin.export CHECKPOINT --data-dir DATA_BIN --to fairseq|ctranslate2
+--output OUT``: export one of our checkpoints (the averaged one included).
+
+* ``--to fairseq``: OUT is a checkpoint of fairseq's built-in ``transformer`` that stock
+  ``fairseq-generate DATA_BIN --path OUT`` decodes without ``--user-dir``;
+* ``--to ctranslate2``: OUT is a CTranslate2 model directory (``--quantization`` int8, float32
+  ...), with the vocabularies, the text pipeline's subword model and the language pair, which
+  ``load_translator(OUT, backend="ctranslate2")`` and ``python -m user_plugin.hub OUT --backend
+  ctranslate2`` translate raw text with.
+
+Bad input (a missing or foreign file, an architecture the target cannot express) is one error
+line and nothing is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from ..files.errors import run_main
+
+PROG = "python -m user_plugin.export"
+TARGETS = ("fairseq", "ctranslate2")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", help="one of our checkpoints (e.g. checkpoint_avg.pt)")
+    parser.add_argument("--data-dir", required=True,
+                        help="the fairseq-preprocess output holding dict.<lang>.txt")
+    parser.add_argument("--to", required=True, choices=TARGETS, help="the target format")
+    parser.add_argument("--output", required=True,
+                        help="the checkpoint (--to fairseq) or directory (--to ctranslate2)")
+    parser.add_argument("--source-lang", help="default: the checkpoint's or the data dir's")
+    parser.add_argument("--target-lang", help="default: the checkpoint's or the data dir's")
+    parser.add_argument("--quantization", default=None,
+                        help="--to ctranslate2: weight type (int8, int8_float32, int16, "
+                        "float16, bfloat16, float32; default: float32)")
+    parser.add_argument("--bpe-codes", help="--to ctranslate2: subword-nmt codes to ship "
+                        "(default: bpecodes/codes/code beside the checkpoint or in the data dir)")
+    parser.add_argument("--sentencepiece-model", help="--to ctranslate2: SentencePiece model "
+                        "to ship (default: spm.model/sentencepiece.bpe.model, likewise)")
+    parser.add_argument("--no-moses", action="store_true",
+                        help="--to ctranslate2: the text is not Moses-tokenized (default: Moses "
+                        "unless a SentencePiece model is shipped)")
+    return parser
+
+
+def export(args: argparse.Namespace) -> str:
+    """Run the export ``args`` asks for; the line that says what was written."""
+    if args.to == "fairseq":
+        from .fairseq_checkpoint import export_fairseq_checkpoint
+
+        for option in ("quantization", "bpe_codes", "sentencepiece_model"):
+            if getattr(args, option) is not None:
+                raise_usage(f"--{option.replace('_', '-')} is an option of --to ctranslate2")
+        path = export_fairseq_checkpoint(args.checkpoint, args.data_dir, args.output,
+                                         args.source_lang, args.target_lang)
+        return (f"wrote {path}: fairseq's transformer (decode with fairseq-generate "
+                f"{args.data_dir} --path {path}, no --user-dir)")
+    from .ctranslate2_model import export_ctranslate2
+
+    written = export_ctranslate2(
+        args.checkpoint, args.data_dir, args.output, quantization=args.quantization,
+        source_lang=args.source_lang, target_lang=args.target_lang, bpe_codes=args.bpe_codes,
+        sentencepiece_model=args.sentencepiece_model,
+        moses=False if args.no_moses else None,
+    )
+    return f"wrote {written.directory}: CTranslate2 model ({written.summary()})"
+
+
+def raise_usage(message: str) -> None:
+    from ..files.errors import UserError
+
+    raise UserError(message)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args = build_parser().parse_args(argv)
+    print(f"exporting {args.checkpoint} to {args.to} ({args.output})", file=sys.stderr)
+    print(export(args), file=sys.stderr)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line; returns the exit status (1 with one error line for bad input)."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    return run_main(_main, argv, PROG)
