@@ -226,6 +226,28 @@ def test_truncated_checkpoint_through_the_real_commands(tool, reference_run, tmp
     assert not out_dir.exists()
 
 
+def generate_error_line(stderr: str) -> str:
+    """fairseq-generate's error line: it logs on stderr, so the error is the last line; no
+    traceback."""
+    assert "Traceback" not in stderr
+    line = stderr.strip().splitlines()[-1]
+    assert line.startswith("generate.py: error: "), stderr[-3000:]
+    return line
+
+
+@pytest.mark.parametrize("kind", BAD_KINDS)
+def test_fairseq_generate_refuses_a_bad_checkpoint_in_one_line(kind, reference_run, tmp_path):
+    """fairseq's own loader, through the plugin: the file named, no traceback."""
+    bad = bad_checkpoint(kind, tmp_path, reference_run.checkpoint)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fairseq_cli.generate", str(reference_run.data_bin), "--user-dir",
+         USER_DIR, "--path", str(bad), "--cpu", "--gen-subset", "test", "--beam", "1"],
+        env=fairseq_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "H-" not in proc.stdout
+    line = generate_error_line(proc.stderr)
+    assert line.startswith(f"generate.py: error: {bad}: ") and BAD_KINDS[kind] in line
+
+
 # --------------------------------------------------------------------------------------------
 # Averaging checkpoints of different architectures or vocabularies
 
@@ -632,10 +654,8 @@ def test_every_reader_refuses_a_checkpoint_with_flipped_bytes(tool, reference_ru
     proc = subprocess.run(commands[tool], input="a man .\n", cwd=REPO, env=fairseq_env(),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "H-" not in proc.stdout
-    if tool == "generate":  # fairseq-generate logs on stderr: the error is its last line
-        assert "Traceback" not in proc.stderr
-        line = proc.stderr.strip().splitlines()[-1]
-        assert line.startswith("generate.py: error: ")
+    if tool == "generate":
+        line = generate_error_line(proc.stderr)
     else:
         line = one_error_line(proc.stderr)
     assert str(bad) in line and "corrupt: record" in line and "fails its CRC-32 check" in line
@@ -646,7 +666,7 @@ def test_every_reader_refuses_a_checkpoint_with_flipped_bytes(tool, reference_ru
 # Full disks in the scripts' writers
 
 
-@pytest.mark.parametrize("tool", ["average", "score", "plot_attention", "prepare"])
+@pytest.mark.parametrize("tool", ["average", "export", "score", "plot_attention", "prepare"])
 def test_a_full_disk_is_one_line_and_leaves_nothing(tool, reference_run, tmp_path, capsys,
                                                     monkeypatch):
     """Each writer's temporary file meets a full disk (a patched ``open``): one line naming
@@ -669,6 +689,12 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(tool, reference_run, tmp_pat
         module, prog = average_checkpoints, "average_checkpoints.py"
         argv = ["--inputs", str(reference_run.checkpoint), "--output", str(out_dir / "avg.pt")]
         destination = out_dir / "avg.pt"
+    elif tool == "export":
+        module = importlib.import_module("user_plugin.export.cli")
+        prog = "python -m user_plugin.export"
+        argv = [str(reference_run.checkpoint), "--data-dir", str(reference_run.data_bin), "--to",
+                "fairseq", "--output", str(out_dir / "exported.pt")]
+        destination = out_dir / "exported.pt"
     elif tool == "score":
         module, prog = importlib.import_module("score_translation"), "score_translation.py"
         argv = ["--hyp", str(text), "--ref", str(text), "--target-lang", "de",
@@ -689,7 +715,9 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(tool, reference_run, tmp_pat
     status = run_main(module.main, argv, prog)
     monkeypatch.setattr(builtins, "open", real_open)
     monkeypatch.setattr(io, "open", real_open)
-    line = one_error_line(capsys.readouterr().err)
+    err = capsys.readouterr().err  # the export first says what it exports
+    line = one_error_line("\n".join(line for line in err.splitlines()
+                                    if not line.startswith("exporting ")))
     assert status == 1
     assert line == f"{prog}: error: {destination}: cannot write (no space left on device)"
     assert list(out_dir.iterdir()) == []

@@ -317,6 +317,39 @@ def test_a_directory_lock_is_held_by_one_process_and_taken_over_after_a_kill(tmp
     again.release()
 
 
+HOLD_A_LOCK_AND_FORK = """
+import os, sys, time
+from user_plugin.files import DirectoryLock
+DirectoryLock.acquire(sys.argv[1], "run.lock", "test run")
+child = os.fork()
+if child == 0:
+    os.write(1, b"child running\\n")  # one write each: the lines never interleave
+    time.sleep(600)
+    os._exit(0)
+os.write(1, f"{child}\\n".encode())
+time.sleep(600)
+"""
+
+
+def test_a_forked_child_does_not_keep_the_lock_of_a_killed_holder(tmp_path):
+    """A data loader's worker forked by the training process must not hold its lock."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_A_LOCK_AND_FORK, str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True, env=env)
+    lines = sorted(holder.stdout.readline().strip() for _ in range(2))
+    assert lines[1] == "child running"
+    child = int(lines[0])
+    try:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        os.kill(child, 0)  # the child is still alive
+        lock = DirectoryLock.acquire(tmp_path, "run.lock", "test run")
+        assert lock.previous_holder.startswith(f"pid {holder.pid} on ")
+        lock.release()
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
 def test_uncaught_user_errors_are_one_line_in_any_command(tmp_path):
     script = tmp_path / "tool.py"
     script.write_text("from user_plugin.files import UserError, install_one_line_errors\n"

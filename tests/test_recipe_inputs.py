@@ -84,9 +84,9 @@ def test_a_deleted_marker_redoes_the_training_from_scratch(raw_dir, binarized, t
     assert num_updates(checkpoints / "checkpoint_last.pt") == MAX_UPDATE
     (checkpoints / ".done").unlink()
     result = run_script(step_script("train"), env, "wmt14_en_de")
-    assert f"starting over in {checkpoints}: its checkpoints have no record" in result.stderr
-    assert "Loaded checkpoint" not in result.stdout
     assert num_updates(checkpoints / "checkpoint_last.pt") == MAX_UPDATE  # not one more
+    assert "Loaded checkpoint" not in result.stdout
+    assert f"starting over in {checkpoints}: its checkpoints have no record" in result.stderr
     assert (checkpoints / ".done").is_file() and not (checkpoints / ".started").exists()
 
 
@@ -138,14 +138,14 @@ def test_data_binarized_outside_the_recipe_is_identified_by_its_content(raw_dir,
                         check=False)
     checkpoints = run_dir / "checkpoints"
     assert result.returncode == 1 and (checkpoints / ".started").is_file()
-    assert "upstream " + str(data_bin) + " content-" in (checkpoints / ".started").read_text()
 
     preprocess(binarized / "prepared", data_bin, 3)  # re-made in place: another vocabulary
     result = run_script(step_script("train"), env, "wmt14_en_de")
+    assert num_updates(checkpoints / "checkpoint_last.pt") == MAX_UPDATE
+    assert "Loaded checkpoint" not in result.stdout
     assert (f"the unfinished work in {checkpoints} cannot be continued: its input {data_bin} "
             "was redone or changed") in result.stderr
-    assert "Loaded checkpoint" not in result.stdout
-    assert num_updates(checkpoints / "checkpoint_last.pt") == MAX_UPDATE
+    assert "upstream " + str(data_bin) + " content-" in (checkpoints / ".done").read_text()
     again = run_script(step_script("train"), env, "wmt14_en_de")
     assert "already done" in again.stderr  # the same content: finished
 

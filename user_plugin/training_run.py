@@ -29,7 +29,8 @@ and the trainer look up there at call time, so that:
   :func:`~user_plugin.files.checkpoints.save_checkpoint` (atomic; a full disk is one line and
   leaves no partial file; the previous checkpoints stay intact).
 * **Every checkpoint fairseq reads is verified**, in every command that loads the plugin
-  (``fairseq-generate``, ``fairseq-interactive``...): a damaged file is one line naming it.
+  (``fairseq-generate``, ``fairseq-interactive``...): a damaged, truncated or foreign file is
+  one line naming it.
 
 Rank 0 decides and broadcasts its decision, so every rank of a distributed run does the same.
 Checkpoints with a suffix (sharded or model-parallel states) and an explicit ``--restore-file``
@@ -49,6 +50,7 @@ from .files.checkpoints import (
     LOAD_ERRORS,
     CheckpointError,
     checkpoint_file_problem,
+    load_error,
     save_checkpoint,
     state_dict_mismatch,
 )
@@ -305,12 +307,17 @@ def _verifying_load_checkpoint_to_cpu(load_checkpoint_to_cpu):
     @functools.wraps(load_checkpoint_to_cpu)
     def load_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
         local = Path(path)
-        if local.is_file():
-            problem = verified_problem(local)
-            if problem is not None:
-                raise CheckpointError(local, problem, unreadable=True)
-        return load_checkpoint_to_cpu(path, arg_overrides=arg_overrides,
-                                      load_on_all_ranks=load_on_all_ranks)
+        if not local.is_file():  # a remote path, or fairseq's own error for a missing file
+            return load_checkpoint_to_cpu(path, arg_overrides=arg_overrides,
+                                          load_on_all_ranks=load_on_all_ranks)
+        problem = verified_problem(local)
+        if problem is not None:
+            raise CheckpointError(local, problem, unreadable=True)
+        try:
+            return load_checkpoint_to_cpu(path, arg_overrides=arg_overrides,
+                                          load_on_all_ranks=load_on_all_ranks)
+        except LOAD_ERRORS as error:
+            raise load_error(local, error, upgrade=True) from None
 
     return load_to_cpu
 

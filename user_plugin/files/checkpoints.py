@@ -121,6 +121,18 @@ def _load_error_reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {message.split('. ')[0]}"
 
 
+def load_error(path: str | os.PathLike, error: BaseException, upgrade: bool) -> UserError:
+    """The one-line error for one of :data:`LOAD_ERRORS` raised while loading ``path`` (with
+    fairseq's ``upgrade`` of old layouts, or as saved): a missing, unreadable file names the
+    OS error; a field that fairseq's upgrade did not find means a file that is not a fairseq
+    checkpoint; anything else is a :class:`CheckpointError` with the error's first sentence."""
+    if isinstance(error, (FileNotFoundError, IsADirectoryError, PermissionError)):
+        return file_error(path, error, expected="a checkpoint file")
+    if isinstance(error, KeyError) and upgrade:
+        return CheckpointError(path, f"not a fairseq checkpoint (no {error} entry)")
+    return CheckpointError(path, _load_error_reason(error), unreadable=True)
+
+
 def read_checkpoint(path: str | os.PathLike, upgrade: bool = False, mmap: bool = False,
                     required: Sequence[str] = ("model",), verify: bool = True) -> dict:
     """Load the fairseq checkpoint ``path`` to the CPU under safe loading, after checking its
@@ -157,15 +169,8 @@ def read_checkpoint(path: str | os.PathLike, upgrade: bool = False, mmap: bool =
             import torch
 
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except KeyError as error:
-        if not upgrade:
-            raise CheckpointError(path, _load_error_reason(error), unreadable=True) from None
-        # fairseq's upgrade of an old checkpoint did not find one of its fields
-        raise CheckpointError(path, f"not a fairseq checkpoint (no {error} entry)") from None
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as error:
-        raise file_error(path, error, expected="a checkpoint file") from None
     except LOAD_ERRORS as error:
-        raise CheckpointError(path, _load_error_reason(error), unreadable=True) from None
+        raise load_error(path, error, upgrade) from None
     entries = state if isinstance(state, dict) else {}
     for key in required:
         if entries.get(key) is None:

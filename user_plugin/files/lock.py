@@ -2,8 +2,10 @@
 
 The lock is the kernel's (``flock`` on the lock file), held for as long as the process keeps
 the file open; the kernel drops it when the process ends, however it ends (SIGKILL, a crash,
-a lost node's processes). A lock file that is present but not locked is therefore the
-leftover of an ended holder, and the next process takes it over without asking anyone.
+a lost node's processes). Processes forked by the holder (data loader workers) close their
+copy of the descriptor at once, so the lock never outlives the process that took it. A lock
+file that is present but not locked is therefore the leftover of an ended holder, and the next
+process takes it over without asking anyone.
 
 The holder writes one line into the file (process id, host, start time, command), so that a
 refused process can say who holds the directory. A holder that ends normally removes the file
@@ -85,11 +87,22 @@ class DirectoryLock:
         lock = cls(path, handle, previous)
         atexit.register(lock.release)
         _release_in_multiprocessing_children(lock)
+        os.register_at_fork(after_in_child=lock._forget)
         return lock
 
     @property
     def held(self) -> bool:
         return self._handle is not None
+
+    def _forget(self) -> None:
+        """In a forked child (a data loader's worker...): drop the inherited descriptor, so
+        that the lock ends with the process that took it and the child never removes it."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            try:
+                os.close(handle)
+            except OSError:
+                pass
 
     def release(self) -> None:
         """Remove the lock file and give up the lock (idempotent)."""
