@@ -21,6 +21,11 @@ setup(
         "subword-nmt",
         "sentencepiece",
         "sacrebleu>=2.0",
+        # fairseq's --tensorboard-logdir writer (the recipes log to TensorBoard by default);
+        # the lighter of the two fairseq can use. Viewing the logs needs `tensorboard`.
+        "tensorboardX",
+        # training curves drawn by the recipes (scripts/plot_training.py)
+        "matplotlib",
     ],
     extras_require={
         "test": ["pytest", "hypothesis", "matplotlib", "ruff"],

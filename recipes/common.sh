@@ -208,21 +208,28 @@ model_defaults() {
   require_int SAVE_INTERVAL_UPDATES
 }
 
-# detect_device: DEVICE (gpu|cpu; default gpu when torch sees one), NUM_GPUS, PRECISION
-# (fp16|bf16|fp32; default fp16 on GPU, fp32 on CPU) and PRECISION_ARGS, fairseq-train's
-# options for it.
+# detect_device: DEVICE (gpu|cpu; default gpu when torch sees one), NUM_GPUS, VISIBLE_GPUS (how
+# many torch sees), PRECISION (fp16|bf16|fp32; default on GPU bf16 where every visible GPU has
+# compute capability >= 8 (A100, H100...), fp16 below; fp32 on CPU) and PRECISION_ARGS,
+# fairseq-train's options for it: --fp16 (float16 weights, fp32 master weights and loss scaling;
+# CUDA only) or --bf16 (the plugin serves it on GPU and CPU alike by bfloat16 autocast with
+# float32 weights and optimizer state: user_plugin/precision.py).
 detect_device() {
-  local visible
-  visible=$(python -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
-  DEVICE=${DEVICE:-$([ "$visible" -gt 0 ] && echo gpu || echo cpu)}
+  local probe capability
+  probe=$(python -c 'import torch
+n = torch.cuda.device_count()
+print(n, min((torch.cuda.get_device_capability(i)[0] for i in range(n)), default=0))' \
+    2>/dev/null || echo "0 0")
+  read -r VISIBLE_GPUS capability <<< "$probe"
+  DEVICE=${DEVICE:-$([ "$VISIBLE_GPUS" -gt 0 ] && echo gpu || echo cpu)}
   case "$DEVICE" in
     gpu)
-      [ "$visible" -gt 0 ] || die "DEVICE=gpu but torch sees no GPU"
-      NUM_GPUS=${NUM_GPUS:-$visible}
+      [ "$VISIBLE_GPUS" -gt 0 ] || die "DEVICE=gpu but torch sees no GPU"
+      NUM_GPUS=${NUM_GPUS:-$VISIBLE_GPUS}
       require_int NUM_GPUS
-      [ "$NUM_GPUS" -ge 1 ] && [ "$NUM_GPUS" -le "$visible" ] \
-        || die "NUM_GPUS=$NUM_GPUS but torch sees $visible GPU(s)"
-      PRECISION=${PRECISION:-fp16}
+      [ "$NUM_GPUS" -ge 1 ] && [ "$NUM_GPUS" -le "$VISIBLE_GPUS" ] \
+        || die "NUM_GPUS=$NUM_GPUS but torch sees $VISIBLE_GPUS GPU(s)"
+      PRECISION=${PRECISION:-$([ "$capability" -ge 8 ] && echo bf16 || echo fp16)}
       ;;
     cpu)
       NUM_GPUS=0
@@ -236,8 +243,8 @@ detect_device() {
     bf16) PRECISION_ARGS=(--bf16) ;;
     *) die "PRECISION must be fp16, bf16 or fp32, got '$PRECISION'" ;;
   esac
-  if [ "$DEVICE" = cpu ] && [ "$PRECISION" != fp32 ]; then
-    die "PRECISION=$PRECISION needs a GPU (fairseq's fp16/bf16 fail on CPU); use PRECISION=fp32"
+  if [ "$DEVICE" = cpu ] && [ "$PRECISION" = fp16 ]; then
+    die "PRECISION=fp16 needs a GPU (fairseq's --fp16 needs CUDA); use PRECISION=bf16 or fp32"
   fi
 }
 

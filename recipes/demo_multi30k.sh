@@ -7,24 +7,39 @@
 #
 #   bash recipes/demo_multi30k.sh
 #
+# While training, every LOG_INTERVAL updates a progress line says how far the run is (update
+# n / N, elapsed, time left, loss, lr); at every checkpoint the model is validated on Multi30k's
+# val set: loss, and BLEU with the paper's decoding (beam 4, GNMT alpha 0.6, through the task
+# vaswani_translation); checkpoint_best.pt is the checkpoint of best validation BLEU. The test
+# BLEU reported is that of the average of the last AVERAGE_LAST checkpoints (the paper's, §6.1),
+# not that of checkpoint_best.pt. TensorBoard logs: $RUN_DIR/checkpoints/tensorboard; training
+# curves: $RUN_DIR/checkpoints/training_curves.png.
+#
 # It first runs scripts/setup_venv.sh (creates .venv once). Multi30k is read from MULTI30K_DIR
 # (default ../shared/data/multi30k-en-de) or, when that folder is absent, downloaded from the
 # multi30k/dataset GitHub repository (pinned commit; every file checked against its sha256).
 # Rerunning continues where it stopped; finished steps are skipped.
 #
 # Environment (defaults in brackets): WORK_DIR [work_dirs/demo_multi30k], MULTI30K_DIR,
-# BPE_OPS [8000], MAX_UPDATE [1800], MAX_TOKENS [2048], WARMUP_UPDATES [800],
-# SAVE_INTERVAL_UPDATES [100], DEMO_MODEL_ARGS [d_model 256, 3+3 layers, d_ff 1024, 4 heads,
-# dropout 0.1], plus those of recipes/steps/*.sh (AVERAGE_LAST [the paper's base: 5], TASK,
-# BEAM, ...).
+# SETUP_VENV [1; 0: use the current environment as it is], ARCH [vaswani_base; transformer:
+# fairseq's own, as recipes/parity_multi30k.sh trains it], RUN_DIR [$WORK_DIR/base], BPE_OPS
+# [8000], MAX_UPDATE [1800], MAX_TOKENS [2048], WARMUP_UPDATES [800], SAVE_INTERVAL_UPDATES
+# [100], LOG_INTERVAL [50], EVAL_BLEU [1; 0: validation loss only], DEMO_MODEL_ARGS [d_model
+# 256, 3+3 layers, d_ff 1024, 4 heads, dropout 0.1], plus those of recipes/steps/*.sh
+# (AVERAGE_LAST [the paper's base: 5], SEED [1], TASK, BEAM, ...).
 set -euo pipefail
 STEP_NAME=demo
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 start_time=$(date +%s)
 
-log "setting up the virtual environment (scripts/setup_venv.sh)"
-bash "$REPO_DIR/scripts/setup_venv.sh"
+SETUP_VENV=${SETUP_VENV:-1}
+if [ "$SETUP_VENV" = 1 ]; then
+  log "setting up the virtual environment (scripts/setup_venv.sh)"
+  bash "$REPO_DIR/scripts/setup_venv.sh"
+else
+  log "SETUP_VENV=$SETUP_VENV: using the current environment as it is"
+fi
 activate_venv
 
 MULTI30K_DIR=${MULTI30K_DIR:-$REPO_DIR/../shared/data/multi30k-en-de}
@@ -78,21 +93,51 @@ fi
 # ---- the demo's model and schedule (paper's recipe, scaled down for 2 CPU cores) -------------
 export BPE_OPS=${BPE_OPS:-8000}
 export MODEL=base DEVICE=cpu PRECISION=fp32
-unset RUN_DIR DATA_BIN     # the steps' default layout below WORK_DIR, read back at the end
+export ARCH=${ARCH:-vaswani_base}
+export RUN_DIR=${RUN_DIR:-$WORK_DIR/$MODEL}
+unset DATA_BIN             # the data steps' default layout below WORK_DIR
 export MAX_UPDATE=${MAX_UPDATE:-1800}
 export MAX_TOKENS=${MAX_TOKENS:-2048}
 export TOKENS_PER_STEP=${TOKENS_PER_STEP:-$MAX_TOKENS}
 export WARMUP_UPDATES=${WARMUP_UPDATES:-800}
 export SAVE_INTERVAL_UPDATES=${SAVE_INTERVAL_UPDATES:-100}
 export LOG_INTERVAL=${LOG_INTERVAL:-50}
+EVAL_BLEU=${EVAL_BLEU:-1}
 DEMO_MODEL_ARGS=${DEMO_MODEL_ARGS:-"--encoder-layers 3 --decoder-layers 3 --encoder-embed-dim 256 --decoder-embed-dim 256 --encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024 --encoder-attention-heads 4 --decoder-attention-heads 4 --dropout 0.1"}
-export EXTRA_ARGS="$DEMO_MODEL_ARGS ${EXTRA_ARGS:-}"
-log "Multi30k demo in $WORK_DIR: BPE $BPE_OPS merges, $MAX_UPDATE updates of <= $MAX_TOKENS tokens"
+# Validation BLEU at every checkpoint, decoded as the paper does (§6.1) through the task
+# vaswani_translation; the BPE-split, Moses-tokenized hypotheses and references lose the BPE
+# and are Moses-detokenized before sacreBLEU. Validation runs at the checkpoints only, not also
+# at the end of each epoch (--validate-interval beyond the run's epochs): decoding is what
+# costs. No spaces inside the JSON: EXTRA_ARGS is split on whitespace.
+VALIDATION_ARGS=""
+case "$EVAL_BLEU" in
+  1)
+    export TRAIN_TASK=vaswani_translation
+    VALIDATION_ARGS="--eval-bleu --eval-bleu-args {\"beam\":$PAPER_BEAM,\"lenpen\":$PAPER_LENPEN}"
+    VALIDATION_ARGS+=" --eval-bleu-remove-bpe --eval-bleu-detok moses"
+    VALIDATION_ARGS+=" --eval-bleu-detok-args {\"target_lang\":\"de\"}"
+    VALIDATION_ARGS+=" --best-checkpoint-metric bleu --maximize-best-checkpoint-metric"
+    VALIDATION_ARGS+=" --validate-interval 1000"
+    ;;
+  0) ;;
+  *) die "EVAL_BLEU must be 1 or 0, got '$EVAL_BLEU'" ;;
+esac
+# Equation 3's d_model is the model's width: stated, since fairseq's built-in transformer
+# does not hand its width to the scheduler as ours does.
+SCHEDULE_ARGS=""
+if [[ " $DEMO_MODEL_ARGS " =~ \ --decoder-embed-dim\ ([0-9]+)\  ]]; then
+  SCHEDULE_ARGS="--d-model ${BASH_REMATCH[1]}"
+fi
+export EXTRA_ARGS="$DEMO_MODEL_ARGS $SCHEDULE_ARGS $VALIDATION_ARGS ${EXTRA_ARGS:-}"
+log "Multi30k demo in $WORK_DIR: BPE $BPE_OPS merges; $ARCH, $MAX_UPDATE updates of <= $MAX_TOKENS tokens, into $RUN_DIR"
 log "model: $DEMO_MODEL_ARGS"
+if [ "$EVAL_BLEU" = 1 ]; then
+  log "validation loss and BLEU (beam $PAPER_BEAM, alpha $PAPER_LENPEN) every $SAVE_INTERVAL_UPDATES updates"
+fi
 
 bash "$RECIPES_DIR/run_all.sh" wmt14_en_de
 
-sacrebleu=$(python - "$WORK_DIR/$MODEL/score/bleu.json" <<'EOF'
+sacrebleu=$(python - "$RUN_DIR/score/bleu.json" <<'EOF'
 import json
 import sys
 
@@ -102,5 +147,8 @@ print(f"{scores['sacrebleu']['score']:.1f} ({scores['sacrebleu']['signature']})"
 EOF
 )
 elapsed=$(( $(date +%s) - start_time ))
-log "Multi30k test_2016_flickr EN->DE sacreBLEU: $sacrebleu"
-log "translations: $WORK_DIR/$MODEL/generate/hyp.detok.de; wall time ${elapsed}s"
+log "Multi30k test_2016_flickr EN->DE sacreBLEU of the average of the last ${AVERAGE_LAST:-$PAPER_BASE_AVERAGE_LAST} checkpoints: $sacrebleu"
+log "validation: $(python "$SCRIPTS_DIR/plot_training.py" "$RUN_DIR/checkpoints/train.log" --summary 2>&1)"
+log "training curves: $RUN_DIR/checkpoints/training_curves.png"
+log "TensorBoard: tensorboard --logdir $RUN_DIR/checkpoints/tensorboard"
+log "translations: $RUN_DIR/generate/hyp.detok.de; wall time ${elapsed}s"

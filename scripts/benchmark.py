@@ -25,8 +25,12 @@ first training loss without dropout, and the same hypotheses, which the benchmar
 Peak memory: on CPU the peak resident set size of the subprocess (``getrusage`` maxrss) and its
 growth over the resident size before the measured work; on a GPU
 ``torch.cuda.max_memory_allocated``.
-``--device cuda --dtype bf16|fp16`` runs under ``torch.autocast`` and reports model FLOPs
-utilisation (MFU) of training. The GPU path has not been run (no GPU where it was written).
+``--dtype bf16`` trains as ``fairseq-train --bf16`` does with the plugin
+(:mod:`user_plugin.precision`): float32 weights and Adam state, the criterion's forward pass
+(model and loss) under bfloat16 autocast; it decodes under the same autocast. It runs on a CPU
+too. ``--dtype fp16`` (CUDA only) uses ``torch.autocast(float16)`` with a ``GradScaler``, which
+is not fairseq's ``--fp16`` (float16 weights). ``--device cuda`` reports model FLOPs utilisation
+(MFU) of training. The CUDA path has not been run (no GPU where it was written).
 
 Example (the default small model, a few minutes on 2 CPU cores)::
 
@@ -37,6 +41,7 @@ Example (the default small model, a few minutes on 2 CPU cores)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import hashlib
 import json
@@ -459,10 +464,16 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
                                                     max_positions(args))
             side.embed_positions = OurPositionsForFairseq(encoding, dictionary.pad())
     model.to(device)
-    amp_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
 
     def autocast():
-        return torch.autocast(device_type=device, dtype=amp_dtype, enabled=amp_dtype is not None)
+        """The context of the measured forward passes for --dtype."""
+        if args.dtype == "bf16":
+            from user_plugin.precision import bf16_autocast
+
+            return bf16_autocast(device)
+        if args.dtype == "fp16":
+            return torch.autocast(device_type=device, dtype=torch.float16)
+        return contextlib.nullcontext()
 
     if mode in ("train", "sweep"):
         if mode == "train":
@@ -495,13 +506,21 @@ def train_measure(args, model, task, impl, cfg, vocab, device, autocast, warmup,
         )
 
         criterion = LabelSmoothedCrossEntropyCriterion(task, False, 0.1)
+    if args.dtype == "bf16":
+        from user_plugin.precision import autocast_forward_bf16
+
+        # as fairseq-train --bf16 with the plugin: the criterion's forward under autocast
+        autocast_forward_bf16(criterion, device)
+        forward_context = contextlib.nullcontext
+    else:
+        forward_context = autocast
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
     scaler = torch.amp.GradScaler(device, enabled=args.dtype == "fp16")
 
     def step(sample) -> float:
         optimizer.zero_grad(set_to_none=True)
-        with autocast():
+        with forward_context():
             loss, _, _ = criterion(model, sample)
         scaler.scale(loss).backward()
         scaler.step(optimizer)
@@ -641,8 +660,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise UserError("--sweep lengths must be >= 2")
     if any(n < 1 or n + 2 > max_positions(args) for n in decode_sweep_lengths(args)):
         raise UserError(f"--decode-sweep lengths must be in [1, {max_positions(args) - 2}]")
-    if args.device == "cpu" and args.dtype != "fp32":
-        raise UserError("--dtype bf16/fp16 needs --device cuda")
+    if args.device == "cpu" and args.dtype == "fp16":
+        raise UserError("--dtype fp16 needs --device cuda (bf16 and fp32 run on a CPU too)")
     if args.device == "cuda":
 
         if not torch.cuda.is_available():

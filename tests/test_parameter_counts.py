@@ -32,3 +32,32 @@ def test_big_en_fr_differs_from_big_only_in_dropout():
         k: v for k, v in vars(en_fr).items() if k != "dropout"
     }
     assert model_args("vaswani_base").dropout == 0.1
+
+
+def test_initialisation_scales_follow_fairseq():
+    """Queries, keys and values start at Xavier-uniform scale / sqrt(2), the output projection
+    at Xavier scale with a zero bias, the feed-forward layers at PyTorch's +-1/sqrt(fan_in)."""
+    import math
+
+    import torch
+
+    from user_plugin.modules.attention import MultiHeadAttention
+    from user_plugin.modules.feed_forward import PositionWiseFeedForward
+
+    torch.manual_seed(0)
+    dim = 256
+    attention = MultiHeadAttention(dim, 4)
+    xavier = math.sqrt(6 / (dim + dim))
+    for proj in (attention.q_proj, attention.k_proj, attention.v_proj):
+        bound = proj.weight.abs().max().item()
+        assert xavier / math.sqrt(2) * 0.95 < bound <= xavier / math.sqrt(2)
+        assert proj.bias.abs().max().item() > 0
+    assert xavier * 0.95 < attention.out_proj.weight.abs().max().item() <= xavier
+    assert attention.out_proj.bias.abs().max().item() == 0
+    cross = MultiHeadAttention(dim, 4, kv_dim=128, encoder_decoder=True)
+    assert cross.k_proj.weight.abs().max().item() > math.sqrt(6 / (dim + 128)) / math.sqrt(2)
+    ffn = PositionWiseFeedForward(dim, 1024)
+    for layer, fan_in in ((ffn.fc1, dim), (ffn.fc2, 1024)):
+        bound = 1 / math.sqrt(fan_in)
+        assert bound * 0.95 < layer.weight.abs().max().item() <= bound
+        assert 0 < layer.bias.abs().max().item() <= bound

@@ -7,6 +7,10 @@
 * the types of fairseq checkpoints, allow-listed for torch's safe loading (``safe_loading``);
 * atomic copies of fairseq's ``checkpoint_last.pt`` / ``checkpoint_best.pt``
   (``atomic_checkpoint_copy``);
+* fairseq's ``--bf16`` as bfloat16 autocast on CUDA GPUs and CPUs, and float16 loss-scale
+  overflows handled on a CPU (``precision``);
+* a progress line with the time left after each ``train_inner`` record of fairseq-train
+  (``progress``);
 * the training run's save directory: one writer, final means final, verified and intact
   resumes, one-line save errors, no orphaned temporary files; every checkpoint fairseq reads is
   verified (``training_run``).
@@ -18,11 +22,15 @@ and the scripts do).
 """
 
 from .atomic_checkpoint_copy import install_atomic_checkpoint_copy
+from .precision import install_reduced_precision
+from .progress import install_progress_reporting
 from .safe_loading import allow_fairseq_checkpoint_globals
 from .training_run import install_training_run_guards
 
 allow_fairseq_checkpoint_globals()
 install_atomic_checkpoint_copy()
+install_reduced_precision()
+install_progress_reporting()
 install_training_run_guards()
 
 # Registration happens on import; safe loading must be allowed first, hence the late imports.

@@ -4,26 +4,47 @@
 #   bash recipes/steps/train.sh PAIR        (PAIR: a file of recipes/pairs/, e.g. wmt14_en_de)
 #
 # Checkpoints go to $RUN_DIR/checkpoints; fairseq-train's output goes to stdout and is appended
-# to checkpoints/train.log.
+# to checkpoints/train.log, with a progress line (update n / N, elapsed, time left) every
+# LOG_INTERVAL updates; TensorBoard logs go to checkpoints/tensorboard, and the training curves
+# to checkpoints/training_curves.png when training ends.
 #
 # Paper settings (user_plugin/paper.py): shared source/target/output embeddings (§3.4); Adam
 # with beta (0.9, 0.98), eps 1e-9 and the warm-up / inverse-square-root rate with 4000 warm-up
 # steps (§5.3); label smoothing 0.1 (§5.4); 100k steps (base) or 300k (big) of about 25000
 # source and 25000 target tokens (§5.1). fairseq's --max-tokens bounds each side of one batch,
 # so the number of batches accumulated per step is
-# --update-freq = ceil(TOKENS_PER_STEP / (MAX_TOKENS x training processes)).
+# --update-freq = ceil(TOKENS_PER_STEP / (MAX_TOKENS x training processes)), the processes of
+# all nodes counted (one per GPU; one per node on CPU), and the batches then share the step
+# evenly: --max-tokens = ceil(TOKENS_PER_STEP / (update-freq x processes)) <= MAX_TOKENS.
 #
 # Environment (defaults in brackets; "paper" ones come from user_plugin/paper.py): WORK_DIR,
 # MODEL [base|big], RUN_DIR [$WORK_DIR/$MODEL], DATA_BIN [$WORK_DIR/data-bin, the binarize
 # step's; another fairseq-preprocess output of the pair is used as it is], ARCH [vaswani_base |
 # the pair's big one], MAX_UPDATE [paper: 100000 | 300000], WARMUP_UPDATES [paper: 4000],
-# LABEL_SMOOTHING [paper: 0.1], MAX_TOKENS [4096 per process], TOKENS_PER_STEP [paper: 25000],
-# UPDATE_FREQ [computed], DEVICE [gpu when torch sees one, else cpu], NUM_GPUS [all visible],
-# PRECISION [fp16 on GPU, fp32 on CPU; fp16|bf16|fp32], SAVE_INTERVAL_UPDATES [paper: 1500 |
-# 600, every 10 minutes], AVERAGE_LAST [paper: 5 | 20: the interval checkpoints kept for the
-# average step; 0: the run is not averaged, only the newest is kept and none is required],
-# SEED [1], LOG_INTERVAL [100], TRAIN_TASK [translation], EXTRA_ARGS [none; more fairseq-train
-# options, last so they win, e.g. a tiny model].
+# LABEL_SMOOTHING [paper: 0.1], MAX_TOKENS [4096: a batch's bound], TOKENS_PER_STEP [paper: 25000],
+# UPDATE_FREQ [computed], DEVICE [gpu when torch sees one, else cpu], NUM_GPUS [all visible:
+# GPUs per node], PRECISION [GPU: bf16 with compute capability >= 8, else fp16; CPU: fp32;
+# fp16 (GPU only)|bf16|fp32], NNODES [1, or Slurm's SLURM_NNODES], NODE_RANK [0, or
+# SLURM_NODEID], MASTER_ADDR [node 0's address; under Slurm the first host of
+# SLURM_JOB_NODELIST], MASTER_PORT [29500; under Slurm 20000 + SLURM_JOB_ID mod 40000],
+# SAVE_INTERVAL_UPDATES [paper: 1500 | 600, every 10 minutes], AVERAGE_LAST [paper: 5 | 20:
+# the interval checkpoints kept for the average step; 0: the run is not averaged, only the
+# newest is kept and none is required],
+# SEED [1], LOG_INTERVAL [100], TRAIN_TASK [translation], TENSORBOARD_DIR
+# [$RUN_DIR/checkpoints/tensorboard; none: no TensorBoard logs], CURVES_PNG
+# [$RUN_DIR/checkpoints/training_curves.png, drawn when training ends], EXTRA_ARGS [none; more
+# fairseq-train options, last so they win, e.g. a tiny model].
+#
+# Several nodes (NNODES > 1): run this script on every node with the same settings and its own
+# NODE_RANK (under Slurm: `srun --nodes N --ntasks-per-node 1 bash recipes/steps/train.sh PAIR`).
+# Each node joins fairseq's rendezvous at tcp://MASTER_ADDR:MASTER_PORT with
+# --distributed-world-size (all processes) and --distributed-rank (the node's first rank);
+# fairseq starts one process per GPU itself. On CPU each node is one process (gloo,
+# --distributed-no-spawn, --ddp-backend legacy_ddp), so that the same path runs in CI as two
+# local "nodes". RUN_DIR and DATA_BIN must be on a filesystem all nodes share (fairseq looks
+# for checkpoint_last.pt on every rank; rank 0 reads it and sends it to the others). Node 0
+# owns the step's directory: its markers, restarts and train.log; another node only trains and
+# logs to $RUN_DIR/train.node<NODE_RANK>.log.
 #
 # Resuming: a finished run (its marker is valid) is skipped. An interrupted run continues from
 # its newest intact checkpoint (the plugin and fairseq do it by themselves) when it was started
@@ -50,42 +71,111 @@ for name in WARMUP_UPDATES MAX_TOKENS TOKENS_PER_STEP SEED LOG_INTERVAL; do
   require_int "$name"
 done
 [ "$MAX_TOKENS" -gt 0 ] || die "MAX_TOKENS must be positive"
+[ "$TOKENS_PER_STEP" -gt 0 ] || die "TOKENS_PER_STEP must be positive"
 [ "$SAVE_INTERVAL_UPDATES" -gt 0 ] || die "SAVE_INTERVAL_UPDATES must be positive (averaging needs interval checkpoints)"
 S=$SRC_LANG
 T=$TGT_LANG
 TRAIN_LOG="$CKPT_DIR/train.log"
+TENSORBOARD_DIR=${TENSORBOARD_DIR:-$CKPT_DIR/tensorboard}
+CURVES_PNG=${CURVES_PNG:-$CKPT_DIR/training_curves.png}
 
 # ---- the fairseq-train command line, built in parts -------------------------------------------
 
+# node_settings: NNODES, NODE_RANK and, with several nodes, MASTER_ADDR and MASTER_PORT (node
+# 0's rendezvous), from the environment, else from Slurm's (one task per node).
+node_settings() {
+  NNODES=${NNODES:-${SLURM_NNODES:-1}}
+  NODE_RANK=${NODE_RANK:-${SLURM_NODEID:-0}}
+  require_int NNODES
+  require_int NODE_RANK
+  [ "$NNODES" -ge 1 ] || die "NNODES must be at least 1"
+  [ "$NODE_RANK" -lt "$NNODES" ] || die "NODE_RANK=$NODE_RANK must be below NNODES=$NNODES"
+  [ "$NNODES" -gt 1 ] || return 0
+  if [ -z "${MASTER_ADDR:-}" ] && [ -n "${SLURM_JOB_NODELIST:-}" ] \
+      && command -v scontrol >/dev/null 2>&1; then
+    MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | awk 'NR == 1')
+  fi
+  [ -n "${MASTER_ADDR:-}" ] \
+    || die "NNODES=$NNODES: set MASTER_ADDR to node 0's address (reachable from every node)"
+  if [ -z "${MASTER_PORT:-}" ] && [ -n "${SLURM_JOB_ID:-}" ]; then
+    require_int SLURM_JOB_ID
+    MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 40000 ))  # the same on every node of the job
+  fi
+  MASTER_PORT=${MASTER_PORT:-29500}
+  require_int MASTER_PORT
+}
+
 # runtime_args: RUNTIME_ARGS, fairseq-train's options for where and how the training processes
 # run (device, precision, distributed training), and WORLD_SIZE, the number of processes that
-# share each step.
+# share each step: NNODES x PROCS_PER_NODE (one per GPU, fairseq starts them; one on CPU).
 runtime_args() {
+  local first_rank
+  node_settings
   if [ "$DEVICE" = cpu ]; then
-    WORLD_SIZE=1
+    PROCS_PER_NODE=1
     RUNTIME_ARGS=(--cpu)
   else
-    # fairseq starts one process per GPU by itself.
-    WORLD_SIZE=$NUM_GPUS
-    RUNTIME_ARGS=(--distributed-world-size "$WORLD_SIZE")
+    PROCS_PER_NODE=$NUM_GPUS
+    RUNTIME_ARGS=()
+  fi
+  WORLD_SIZE=$(( NNODES * PROCS_PER_NODE ))
+  if [ "$NNODES" -gt 1 ]; then
+    first_rank=$(( NODE_RANK * PROCS_PER_NODE ))
+    log "node $NODE_RANK of $NNODES: rank(s) $first_rank..$(( first_rank + PROCS_PER_NODE - 1 ))" \
+        "of $WORLD_SIZE, rendezvous tcp://$MASTER_ADDR:$MASTER_PORT"
+    RUNTIME_ARGS+=(--distributed-world-size "$WORLD_SIZE" --distributed-rank "$first_rank"
+                   --distributed-init-method "tcp://$MASTER_ADDR:$MASTER_PORT")
+    if [ "$DEVICE" = cpu ]; then
+      RUNTIME_ARGS+=(--distributed-backend gloo --distributed-no-spawn --ddp-backend legacy_ddp)
+    elif [ "$NUM_GPUS" -lt "$VISIBLE_GPUS" ]; then
+      # fairseq starts a process for each visible GPU (at most the world size): show it NUM_GPUS
+      restrict_visible_gpus "$NUM_GPUS"
+    fi
+  elif [ "$DEVICE" = gpu ]; then
+    RUNTIME_ARGS+=(--distributed-world-size "$WORLD_SIZE")
   fi
   RUNTIME_ARGS+=("${PRECISION_ARGS[@]}")
 }
 
+# restrict_visible_gpus N: CUDA_VISIBLE_DEVICES lists only the first N of the visible GPUs.
+restrict_visible_gpus() {
+  local -a ids
+  if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+    IFS=, read -r -a ids <<< "$CUDA_VISIBLE_DEVICES"
+  else
+    mapfile -t ids < <(seq 0 $(( VISIBLE_GPUS - 1 )))
+  fi
+  CUDA_VISIBLE_DEVICES=$(IFS=,; echo "${ids[*]:0:$1}")
+  export CUDA_VISIBLE_DEVICES
+  log "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES (NUM_GPUS=$1)"
+}
+
 # batch_args: BATCH_ARGS, the batch size: each step holds about TOKENS_PER_STEP source and as
-# many target tokens (§5.1), MAX_TOKENS per batch in each of the WORLD_SIZE processes, times
-# UPDATE_FREQ accumulated batches.
+# many target tokens (§5.1): UPDATE_FREQ accumulated batches in each of the WORLD_SIZE processes,
+# each of at most BATCH_TOKENS tokens. UPDATE_FREQ (unless given) is the least number of
+# batches of at most MAX_TOKENS that make up the step; BATCH_TOKENS then shares the step evenly,
+# ceil(TOKENS_PER_STEP / (UPDATE_FREQ x WORLD_SIZE)) <= MAX_TOKENS, so that with many workers
+# (8 GPUs: 8 x 4096 = 32768) a step does not grow past the paper's.
 batch_args() {
   local per_pass=$(( MAX_TOKENS * WORLD_SIZE ))
+  BATCH_TOKENS=$MAX_TOKENS
   if [ -n "${UPDATE_FREQ:-}" ]; then
     require_int UPDATE_FREQ
+    [ "$UPDATE_FREQ" -gt 0 ] || die "UPDATE_FREQ must be positive"
     log "update-freq $UPDATE_FREQ (given)"
   else
     UPDATE_FREQ=$(( (TOKENS_PER_STEP + per_pass - 1) / per_pass ))
     log "update-freq = ceil($TOKENS_PER_STEP / ($MAX_TOKENS tokens x $WORLD_SIZE $DEVICE worker(s))) = $UPDATE_FREQ"
+    per_pass=$(( UPDATE_FREQ * WORLD_SIZE ))
+    BATCH_TOKENS=$(( (TOKENS_PER_STEP + per_pass - 1) / per_pass ))
+    if [ "$BATCH_TOKENS" -lt "$MAX_TOKENS" ]; then
+      log "max-tokens = ceil($TOKENS_PER_STEP / ($UPDATE_FREQ x $WORLD_SIZE)) = $BATCH_TOKENS" \
+          "per batch (at most MAX_TOKENS=$MAX_TOKENS)"
+    fi
+    per_pass=$(( BATCH_TOKENS * WORLD_SIZE ))
   fi
   log "tokens per step: up to $(( per_pass * UPDATE_FREQ )) source and as many target tokens (paper: ~$PAPER_TOKENS_PER_STEP each)"
-  BATCH_ARGS=(--max-tokens "$MAX_TOKENS" --update-freq "$UPDATE_FREQ"
+  BATCH_ARGS=(--max-tokens "$BATCH_TOKENS" --update-freq "$UPDATE_FREQ"
               --required-batch-size-multiple 1)
 }
 
@@ -97,9 +187,14 @@ checkpoint_args() {
                    --keep-interval-updates "$keep" --no-epoch-checkpoints)
 }
 
-# log_args: LOG_ARGS, how fairseq-train reports progress.
+# log_args: LOG_ARGS, how fairseq-train reports progress: every LOG_INTERVAL updates a line of
+# statistics and the plugin's progress line (update n / N, elapsed, time left, loss, lr:
+# user_plugin/progress.py); TensorBoard event files in TENSORBOARD_DIR unless it is "none".
 log_args() {
   LOG_ARGS=(--log-format simple --log-interval "$LOG_INTERVAL")
+  if [ "$TENSORBOARD_DIR" != none ]; then
+    LOG_ARGS+=(--tensorboard-logdir "$TENSORBOARD_DIR")
+  fi
 }
 
 # train_args: TRAIN_ARGS, the whole fairseq-train command line: the data, the paper's model,
@@ -129,7 +224,20 @@ run_training() {
   if ! run fairseq-train "${TRAIN_ARGS[@]}" 2>&1 | tee -a "$TRAIN_LOG"; then
     die "fairseq-train failed (exit ${PIPESTATUS[0]}); its output: $TRAIN_LOG"
   fi
-  [ -f "$CKPT_DIR/checkpoint_last.pt" ] || die "fairseq-train wrote no $CKPT_DIR/checkpoint_last.pt"
+  if [ "$NODE_RANK" -eq 0 ] && [ ! -f "$CKPT_DIR/checkpoint_last.pt" ]; then
+    die "fairseq-train wrote no $CKPT_DIR/checkpoint_last.pt"
+  fi
+}
+
+# plot_curves: the training curves of TRAIN_LOG (train and validation loss, validation
+# perplexity, learning rate, validation BLEU when measured) drawn into CURVES_PNG by
+# scripts/plot_training.py. A picture that cannot be drawn is a warning, not a failed training.
+plot_curves() {
+  if python "$SCRIPTS_DIR/plot_training.py" "$TRAIN_LOG" --output "$CURVES_PNG"; then
+    log "training curves: $CURVES_PNG"
+  else
+    log "warning: no training curves drawn from $TRAIN_LOG (see the line above)"
+  fi
 }
 
 # run_identity: CONFIG, the settings a finished or started run is recorded with (its
@@ -141,6 +249,12 @@ run_identity() {
   CONFIG+=" max_tokens=$MAX_TOKENS update_freq=$UPDATE_FREQ device=$DEVICE gpus=$NUM_GPUS"
   CONFIG+=" precision=$PRECISION save=$SAVE_INTERVAL_UPDATES keep=$AVERAGE_LAST seed=$SEED"
   CONFIG+=" task=$TRAIN_TASK extra=$EXTRA_ARGS"
+  if [ "$NNODES" -gt 1 ]; then
+    CONFIG+=" nodes=$NNODES"
+  fi
+  if [ "$BATCH_TOKENS" != "$MAX_TOKENS" ]; then
+    CONFIG+=" batch_tokens=$BATCH_TOKENS"
+  fi
   INPUTS=("$BIN_DIR")
   EXTERNAL_DATA=0
   if [ -n "${DATA_BIN:-}" ] && [ ! -f "$BIN_DIR/.done" ]; then
@@ -168,6 +282,16 @@ else
   require_data_bin "$BIN_DIR" train
   log "training on $BIN_DIR as it is (binarized outside the recipe)"
 fi
+if [ "$NODE_RANK" -gt 0 ]; then
+  # node 0 decides whether to resume or start over, and records the run; fairseq-train here
+  # waits at the rendezvous until node 0's has done so
+  TRAIN_LOG="$RUN_DIR/train.node$NODE_RANK.log"
+  mkdir -p "$RUN_DIR"
+  run_training
+  log "node $NODE_RANK: training finished (node 0 records the run in $CKPT_DIR)"
+  exit 0
+fi
+# (node 0 only: the other nodes' processes never hold the save directory's lock)
 if holder=$(dir_in_use "$CKPT_DIR"); then
   die "$CKPT_DIR is in use by a training run that is still going on (${holder:-holder unknown}); wait for it to end"
 fi
@@ -188,6 +312,7 @@ fi
 step_begin "$CKPT_DIR" "$CONFIG" "${INPUTS[@]}"
 
 run_training
+plot_curves
 mapfile -t interval < <(cd "$CKPT_DIR" && ls checkpoint_[0-9]*_[0-9]*.pt 2>/dev/null || true)
 if [ "$AVERAGE_LAST" -gt 0 ] && [ "${#interval[@]}" -eq 0 ]; then
   die "no interval checkpoints in $CKPT_DIR (run longer than SAVE_INTERVAL_UPDATES=$SAVE_INTERVAL_UPDATES)"

@@ -81,9 +81,16 @@ class MultiHeadAttention(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
-            nn.init.xavier_uniform_(proj.weight)
-            nn.init.zeros_(proj.bias)
+        """The paper gives no initialisation. Ours is fairseq's: Xavier-uniform projections,
+        scaled by 1/sqrt(2) for queries, keys and values when they read d_model-wide inputs,
+        PyTorch's default biases for them, and a zero output bias. On the Multi30k demo it
+        trains markedly faster than Xavier with zero biases everywhere (validation perplexity
+        at update 300: 63 against 87; docs/training_curves.md)."""
+        gain = 2**-0.5 if self.k_proj.in_features == self.embed_dim else 1.0
+        for proj in (self.q_proj, self.k_proj, self.v_proj):
+            nn.init.xavier_uniform_(proj.weight, gain=gain)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        nn.init.zeros_(self.out_proj.bias)
 
     def forward(
         self,

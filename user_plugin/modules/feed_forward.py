@@ -13,7 +13,9 @@ class PositionWiseFeedForward(nn.Module):
     """Two linear maps with an activation between them, applied to each position alike.
 
     ``activation_fn`` is ReLU in the paper; any name fairseq knows (``gelu``, ``swish``...) works.
-    ``activation_dropout`` drops units after the activation (0 in the paper).
+    ``activation_dropout`` drops units after the activation (0 in the paper). Both linear maps
+    keep PyTorch's default initialisation (uniform in +-1/sqrt(fan_in), biases too), as fairseq's
+    transformer does; see :meth:`.attention.MultiHeadAttention.reset_parameters`.
     """
 
     def __init__(
@@ -28,9 +30,6 @@ class PositionWiseFeedForward(nn.Module):
         self.fc2 = nn.Linear(ffn_dim, embed_dim)
         self.activation: Callable[[Tensor], Tensor] = utils.get_activation_fn(activation_fn)
         self.activation_dropout = activation_dropout
-        for layer in (self.fc1, self.fc2):
-            nn.init.xavier_uniform_(layer.weight)
-            nn.init.zeros_(layer.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         hidden = self.activation(self.fc1(x))

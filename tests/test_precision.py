@@ -1,0 +1,271 @@
+"""Reduced-precision training (``user_plugin/precision.py``, ``recipes/steps/train.sh``):
+
+* fairseq's ``--bf16`` trains on a CPU (fairseq alone dies asking torch_xla for a TPU): float32
+  weights and optimizer state, the forward pass in bfloat16; through the recipe's train step
+  with ``DEVICE=cpu PRECISION=bf16`` the loss falls, a killed run resumes where it stopped, and
+  the float32 checkpoint decodes in fairseq-generate;
+* ``--memory-efficient-fp16 --cpu`` with our model and criterion: a loss scale far too large
+  overflows, is halved on each overflow (logged), and training goes on with the loss falling;
+* the criterion's float16 path: why it stays unfused (``scripts/fp16_loss_accuracy.py``);
+* ``scripts/benchmark.py --dtype bf16`` trains through the same mechanism.
+
+No test here runs on a GPU: the CUDA path is the same code with ``device_type="cuda"``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from cli import (
+    PAPER_OPTIMIZATION_ARGS,
+    TINY_MODEL_ARGS,
+    USER_DIR,
+    fairseq_env,
+    hypotheses,
+    json_log_records,
+    run_fairseq,
+)
+from conftest import MULTI30K, REPO, require_data
+
+TRAIN_STEP = REPO / "recipes" / "steps" / "train.sh"
+RECIPE_TINY_MODEL = (
+    "--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 32 --decoder-embed-dim 32 "
+    "--encoder-ffn-embed-dim 64 --decoder-ffn-embed-dim 64 --encoder-attention-heads 4 "
+    "--decoder-attention-heads 4 --num-workers 0 --log-format json --max-valid-steps 2"
+)
+
+
+# what the train step reads from the environment besides what the tests set (and Slurm's)
+CALLER_SETTINGS = ("MODEL", "ARCH", "RUN_DIR", "LABEL_SMOOTHING", "UPDATE_FREQ", "NUM_GPUS",
+                   "SEED", "TRAIN_TASK", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
+                   "PAIR", "STEP_NAME", "VENV")
+
+
+def recipe_environment(**settings) -> dict:
+    """The environment of a recipe run: this interpreter's bin first on PATH, none of the
+    caller's recipe or Slurm settings, then ``settings``."""
+    env = {key: value for key, value in fairseq_env().items()
+           if not key.startswith("SLURM_") and key not in CALLER_SETTINGS}
+    env["PATH"] = f"{os.path.dirname(sys.executable)}{os.pathsep}{env.get('PATH', '')}"
+    env.update({key: str(value) for key, value in settings.items()})
+    return env
+
+
+def losses_fall(records) -> bool:
+    losses = [float(r["loss"]) for r in records]
+    return len(losses) >= 4 and sum(losses[-2:]) / 2 < sum(losses[:2]) / 2 - 1.0
+
+
+# --------------------------------------------------------------------------------------------
+# bf16
+
+
+def test_bf16_trainer_keeps_float32_state_and_runs_the_forward_in_bfloat16(multi30k_bin):
+    """fairseq's own option parsing of ``--bf16 --cpu`` (which sets ``--tpu``), fairseq's
+    launcher and Trainer, one training and one validation step."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.distributed import utils as distributed_utils
+    from fairseq.trainer import Trainer
+
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [
+        str(multi30k_bin.data_bin), "--user-dir", USER_DIR, "--cpu", "--bf16", "--seed", "1",
+        *TINY_MODEL_ARGS, *PAPER_OPTIMIZATION_ARGS, "--max-tokens", "600",
+    ])
+    cfg = convert_namespace_to_omegaconf(args)
+    assert cfg.common.tpu  # fairseq's reading of --bf16: a TPU, hence torch_xla
+    seen = {}
+
+    def main(cfg):
+        task = tasks.setup_task(cfg.task)
+        task.load_dataset("valid")
+        model = task.build_model(cfg.model)
+        trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
+        dtypes = set()
+        hooks = [m.register_forward_hook(lambda _m, _i, out: dtypes.add(out.dtype))
+                 for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        dataset = task.dataset("valid")
+        sample = dataset.collater([dataset[i] for i in range(8)])
+        log = trainer.train_step([sample])
+        seen["train_dtypes"], seen["loss"] = set(dtypes), log["loss"]
+        dtypes.clear()
+        trainer.valid_step(sample)
+        seen["valid_dtypes"] = set(dtypes)
+        for hook in hooks:
+            hook.remove()
+        seen["trainer"] = trainer
+
+    distributed_utils.call_main(cfg, main)
+    trainer = seen["trainer"]
+    assert trainer.device.type == "cpu" and trainer.get_num_updates() == 1
+    assert seen["train_dtypes"] == {torch.bfloat16} == seen["valid_dtypes"]
+    assert math.isfinite(seen["loss"])
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
+    assert type(trainer.optimizer).__name__ == "FairseqAdam"  # not fairseq's FP16Optimizer
+    moments = {t.dtype for state in trainer.optimizer.optimizer.state.values()
+               for t in state.values() if torch.is_tensor(t) and t.dim() > 0}
+    assert moments == {torch.float32}
+    trainer.consolidate_optimizer()  # as fairseq does before saving
+    state = trainer.state_dict()
+    assert state["cfg"]["common"]["bf16"] is True and state["cfg"]["common"]["tpu"] is False
+    assert {t.dtype for t in state["model"].values()} == {torch.float32}
+
+
+def test_bf16_with_amp_is_one_error_line(multi30k_bin, tmp_path):
+    cmd = [sys.executable, "-m", "fairseq_cli.train", str(multi30k_bin.data_bin),
+           "--user-dir", USER_DIR, "--cpu", "--bf16", "--amp", *TINY_MODEL_ARGS,
+           *PAPER_OPTIMIZATION_ARGS, "--max-tokens", "600", "--save-dir", str(tmp_path)]
+    proc = subprocess.run(cmd, env=fairseq_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert "error: --bf16 and --amp exclude each other" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def bf16_recipe_settings(tmp_path, data_bin) -> dict:
+    return dict(WORK_DIR=tmp_path / "work", DATA_BIN=data_bin, DEVICE="cpu", PRECISION="bf16",
+                MAX_UPDATE=40, SAVE_INTERVAL_UPDATES=10, AVERAGE_LAST=2, MAX_TOKENS=1500,
+                TOKENS_PER_STEP=1500, WARMUP_UPDATES=10, LOG_INTERVAL=5,
+                EXTRA_ARGS=RECIPE_TINY_MODEL)
+
+
+def test_bf16_recipe_trains_resumes_and_its_checkpoint_decodes(multi30k_bin, tmp_path):
+    env = recipe_environment(**bf16_recipe_settings(tmp_path, multi30k_bin.data_bin))
+    checkpoints = tmp_path / "work" / "base" / "checkpoints"
+    last = checkpoints / "checkpoint_last.pt"
+    # a run killed (process group, SIGKILL) once its first checkpoint is there
+    first = subprocess.Popen(["bash", str(TRAIN_STEP), "wmt14_en_de"], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    deadline = time.monotonic() + 600
+    while not last.exists() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert first.poll() is None, first.stderr.read()[-3000:]
+    os.killpg(first.pid, signal.SIGKILL)
+    first.communicate(timeout=60)
+    stopped_at = torch.load(last, weights_only=True)["optimizer_history"][-1]["num_updates"]
+    assert stopped_at in (10, 20, 30) and not (checkpoints / ".done").exists()
+
+    rerun = subprocess.run(["bash", str(TRAIN_STEP), "wmt14_en_de"], env=env,
+                           capture_output=True, text=True, timeout=900)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"resuming from {last}" in rerun.stderr
+    assert f"@ {stopped_at} updates)" in rerun.stdout, rerun.stdout[-3000:]
+    resumed = [int(r["num_updates"]) for r in json_log_records(rerun.stdout, "train_inner")]
+    assert resumed and min(resumed) > stopped_at and max(resumed) == 40, resumed
+    assert "bf16: weights, gradients and optimizer state in float32" in rerun.stdout
+    assert (checkpoints / ".done").is_file()
+    # both runs' records are in train.log: the loss falls across them
+    assert losses_fall(json_log_records((checkpoints / "train.log").read_text(), "train_inner"))
+
+    state = torch.load(last, map_location="cpu", weights_only=True)
+    assert state["optimizer_history"][-1]["num_updates"] == 40
+    assert state["cfg"]["common"]["bf16"] is True
+    assert {t.dtype for t in state["model"].values()} == {torch.float32}
+    generate = run_fairseq("generate", [
+        multi30k_bin.data_bin, "--user-dir", USER_DIR, "--path", last, "--gen-subset", "test",
+        "--beam", "4", "--batch-size", "16", "--required-batch-size-multiple", "1", "--cpu",
+    ])
+    assert sorted(hypotheses(generate.stdout)) == list(range(100))
+
+
+def test_recipe_precision_settings_fail_with_one_line(tmp_path):
+    env = recipe_environment(WORK_DIR=tmp_path / "w", DEVICE="cpu", PRECISION="fp8")
+    result = subprocess.run(["bash", str(TRAIN_STEP), "wmt14_en_de"], env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "train: error: PRECISION must be fp16, bf16 or fp32, got 'fp8'")
+
+
+# --------------------------------------------------------------------------------------------
+# fp16
+
+OVERFLOW = re.compile(r"gradient overflow detected, ignoring gradient, setting loss scale to: "
+                      r"([0-9.]+)")
+
+
+def test_memory_efficient_fp16_on_cpu_lowers_the_scale_on_overflow_and_trains(
+        multi30k_bin, tmp_path):
+    """A loss scale of 2^20 makes the float16 gradients overflow: each overflow skips the
+    update and halves the scale (fairseq's dynamic loss scaler), then training goes on."""
+    init_scale = 2.0 ** 20
+    proc = run_fairseq("train", [
+        multi30k_bin.data_bin, "--user-dir", USER_DIR, "--cpu", "--memory-efficient-fp16",
+        "--fp16-init-scale", str(int(init_scale)), "--seed", "1", *TINY_MODEL_ARGS,
+        *PAPER_OPTIMIZATION_ARGS, "--warmup-updates", "40", "--lr-scale", "0.5",
+        "--max-tokens", "1500", "--max-update", "30", "--save-dir", tmp_path / "fp16",
+        "--no-epoch-checkpoints", "--log-format", "json", "--log-interval", "1",
+        "--required-batch-size-multiple", "1", "--num-workers", "0",
+    ])
+    log = proc.stdout + proc.stderr
+    scales = [float(s) for s in OVERFLOW.findall(log)]
+    assert scales and scales[0] == init_scale / 2, log[-3000:]
+    assert all(lowered == scale / 2 for scale, lowered in zip(scales, scales[1:]))
+    records = json_log_records(log, "train_inner")
+    assert [int(r["num_updates"]) for r in records] == list(range(1, 31))
+    # the first update is made at the scale that the overflows before it left; logged
+    before_first_update = log[:log.index("| train_inner |")]
+    assert float(records[0]["loss_scale"]) == float(OVERFLOW.findall(before_first_update)[-1])
+    assert losses_fall(records)
+    state = torch.load(tmp_path / "fp16" / "checkpoint_last.pt", weights_only=True)
+    assert state["last_optimizer_state"]["loss_scale"] == float(records[-1]["loss_scale"])
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_fused_loss_would_lose_what_the_fp16_loss_scale_protects():
+    """Why the criterion stays unfused in float16: the fused pass forms dL/dz before the loss
+    scale exists, so its float16 gradient is that of an unscaled loss (same error at scale 1
+    and 128), while the unfused path (and a fused pass that formed dL/dz in backward) gains
+    from the scale on the small gradient rows of the types that are no reference."""
+    errors = load_script("fp16_loss_accuracy").gradient_errors
+    scaled = errors(rows=256, dim=64, vocab=32000, loss_scale=128.0)
+    unscaled = errors(rows=256, dim=64, vocab=32000, loss_scale=1.0)
+    small = "dW_other_rows"
+    assert scaled["fused"][small] == pytest.approx(unscaled["fused"][small], rel=0.02)
+    assert scaled["unfused"][small] < scaled["fused"][small] / 4
+    assert scaled["fused-in-backward"][small] == pytest.approx(scaled["unfused"][small],
+                                                               rel=0.05)
+    for path in ("unfused", "fused", "fused-in-backward"):  # the large entries: all alike
+        assert scaled[path]["dh"] == pytest.approx(scaled["unfused"]["dh"], rel=0.05)
+
+
+# --------------------------------------------------------------------------------------------
+# benchmark
+
+
+def test_benchmark_bf16_trains_through_the_training_mechanism(tmp_path):
+    require_data(MULTI30K / "train.en")
+    first_losses = {}
+    for dtype in ("fp32", "bf16"):
+        out = tmp_path / f"{dtype}.json"
+        command = [
+            sys.executable, "scripts/benchmark.py", "--model", "tiny", "--pairs", "300",
+            "--vocab", "600", "--train-batches", "2", "--max-tokens", "400", "--dropout", "0",
+            "--repeats", "1", "--skip", "decode,sweep,decode-sweep", "--dtype", dtype,
+            "--work-dir", str(tmp_path / "work"), "--json-out", str(out),
+        ]
+        proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        runs = json.loads(out.read_text())["runs"]["train"]
+        first_losses[dtype] = {impl: runs[impl][0]["first_loss"] for impl in runs}
+    for impl, loss in first_losses["bf16"].items():
+        reference = first_losses["fp32"][impl]
+        # bfloat16 arithmetic: close to float32 (8-bit mantissa), and not the same
+        assert loss == pytest.approx(reference, rel=2e-2) and loss != reference
