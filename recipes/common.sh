@@ -6,19 +6,23 @@
 # there, a marker "<dir>/.done" listing:
 #   id <unique id of this run of the step>
 #   config <sha256 of the settings the step ran with>
-#   upstream <dir> <id of the upstream step's run it read from>
+#   upstream <dir> <identity of the input it read: the id of that step's run (input_id)>
 #   output <size in bytes> <path relative to dir>
 # A later run skips the step when the marker exists, the settings are the same, every upstream
 # step is still the run it read from, and every output exists with its recorded size. Otherwise
 # the step is redone from scratch (its directory is emptied first): a step interrupted half-way,
 # or whose outputs were partly deleted, never counts as done. Upstream steps are recognised by
 # the id of their run, in the order they are given, not by their path, so a directory of
-# finished steps can be moved or copied and stays finished.
+# finished steps can be moved or copied and stays finished. An input directory made outside the
+# recipes (no marker, e.g. a DATA_BIN binarized by hand) is identified by its content instead
+# (content_id), so that re-making it in place counts as a change too.
 #
 # A step that keeps partial work when it is interrupted (training continues from its last
 # checkpoint) also records, before it starts, the settings and upstream runs it started with
 # in "<dir>/.started" (same format, no outputs): a later run continues that work only when they
-# are still the same (step_begin, step_can_continue).
+# are still the same (step_begin, step_can_continue), and otherwise starts over, saying why.
+# A step can require that an upstream step be itself current: require_step refuses one whose
+# own input was redone since it ran.
 
 RECIPES_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(cd "$RECIPES_DIR/.." && pwd)
@@ -304,6 +308,32 @@ marker_id() {
   awk '$1 == "id" { print $2; exit }' "$1/.done"
 }
 
+# content_id DIR: a fingerprint of the files directly in DIR (names, sizes, and the sha256 of
+# each file up to 16 MiB: dictionaries, indexes, codes), independent of DIR's path.
+content_id() {
+  local dir=$1 file size LC_ALL=C
+  {
+    for file in "$dir"/*; do
+      [ -f "$file" ] || continue
+      size=$(file_size "$file")
+      printf '%s %s' "$(basename "$file")" "$size"
+      [ "$size" -gt 16777216 ] || printf ' %s' "$(sha256sum < "$file" | cut -d' ' -f1)"
+      printf '\n'
+    done
+  } | sha256sum | cut -c1-32 | sed 's/^/content-/'
+}
+
+# input_id DIR: the identity of an input directory: the id of the step run that made it
+# (marker_id), else, for a directory made outside the recipes, its content_id; empty when DIR
+# does not exist.
+input_id() {
+  if [ -f "$1/.done" ]; then
+    marker_id "$1"
+  elif [ -d "$1" ]; then
+    content_id "$1"
+  fi
+}
+
 # step_outputs_ok DIR: the marker exists and every output it lists has its recorded size.
 # On failure prints the reason on stdout.
 step_outputs_ok() {
@@ -321,21 +351,29 @@ step_outputs_ok() {
 # settings and, in this order, the ids of the upstream steps' current runs. On failure prints
 # the reason on stdout.
 record_matches() {
-  local file=$1 config=$2 upstream i=0
+  local file=$1 config=$2
   shift 2
-  local -a recorded=()
   if [ "$(awk '$1 == "config" { print $2; exit }' "$file")" != "$(step_config_hash "$config")" ]; then
     echo "its settings changed"
     return 1
   fi
+  record_inputs_match "$file" "$@"
+}
+
+# record_inputs_match FILE [UPSTREAM_DIR...]: FILE records, in this order, the identities
+# (input_id) that these upstream directories have now. On failure prints the reason on stdout.
+record_inputs_match() {
+  local file=$1 upstream i=0
+  shift
+  local -a recorded=()
   mapfile -t recorded < <(awk '$1 == "upstream" { print $3 }' "$file")
   if [ "${#recorded[@]}" -ne "$#" ]; then
     echo "it now reads other inputs"
     return 1
   fi
   for upstream in "$@"; do
-    if [ -z "${recorded[i]}" ] || [ "${recorded[i]}" != "$(marker_id "$upstream")" ]; then
-      echo "its input $upstream was redone"
+    if [ -z "${recorded[i]}" ] || [ "${recorded[i]}" != "$(input_id "$upstream")" ]; then
+      echo "its input $upstream was redone or changed"
       return 1
     fi
     i=$((i + 1))
@@ -357,14 +395,35 @@ step_is_done() {
   fi
 }
 
-# require_step UPSTREAM_DIR NAME: die unless the step NAME finished in UPSTREAM_DIR.
+# require_step UPSTREAM_DIR NAME [ITS_INPUT_DIR...]: die unless the step NAME finished in
+# UPSTREAM_DIR and, when its own input directories are given, read them as they are now (none
+# was redone since it ran).
 require_step() {
   local reason
   reason=$(step_outputs_ok "$1") || die "run the $2 step first ($reason)"
+  if [ $# -gt 2 ] && ! reason=$(record_inputs_match "$1/.done" "${@:3}"); then
+    die "run the $2 step again: $reason since it ran"
+  fi
 }
 
-# step_restart DIR: empty DIR (a partial step is redone from scratch).
+# dir_in_use DIR: true when a live training run holds DIR (the lock of user_plugin's
+# training_run module, an flock on DIR/.vaswani-train.lock); prints the holder.
+dir_in_use() {
+  local lock="$1/.vaswani-train.lock"
+  [ -f "$lock" ] && command -v flock >/dev/null 2>&1 || return 1
+  if flock -n "$lock" true 2>/dev/null; then
+    return 1
+  fi
+  head -n 1 "$lock" 2>/dev/null || true
+}
+
+# step_restart DIR: empty DIR (a partial step is redone from scratch); never the directory of
+# a training run that is still going on.
 step_restart() {
+  local holder
+  if holder=$(dir_in_use "$1"); then
+    die "$1 is in use by a training run that is still going on (${holder:-holder unknown}); wait for it to end"
+  fi
   rm -rf "$1"
   mkdir -p "$1"
 }
@@ -389,7 +448,7 @@ write_record() {
     fi
     echo "id $(date +%Y%m%dT%H%M%S)-$$-$RANDOM"
     echo "config $(step_config_hash "$config")"
-    for out in "${upstreams[@]}"; do echo "upstream $out $(marker_id "$out")"; done
+    for out in "${upstreams[@]}"; do echo "upstream $out $(input_id "$out")"; done
     for out in "$@"; do
       [ -f "$dir/$out" ] || die "internal: step output $dir/$out was not written"
       echo "output $(file_size "$dir/$out") $out"

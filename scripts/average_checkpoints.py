@@ -22,7 +22,10 @@ boolean buffers are not parameters and must agree across checkpoints. Tensors ti
 checkpoint (shared embeddings, §3.4) stay tied in the output. The output keeps the non-parameter
 fields (``cfg``, ``optimizer_history``, ...) of the first checkpoint of the list (the newest one
 when selecting from a directory), without the optimizer state or EMA copies, so it is about the
-size of the model. It is written atomically: nothing is written when anything goes wrong.
+size of the model. Every input is verified before it is used (each record's CRC-32: a
+damaged file is refused, naming it). The output is written atomically and read back and
+verified before it is moved into place: nothing is written when anything goes wrong, a full
+disk included (one line).
 """
 
 from __future__ import annotations
@@ -41,7 +44,12 @@ logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(me
 
 import torch  # noqa: E402
 
-from user_plugin.files import UserError, atomic_write, read_checkpoint, run_main  # noqa: E402
+from user_plugin.files import (  # noqa: E402
+    UserError,
+    read_checkpoint,
+    run_main,
+    save_checkpoint,
+)
 
 UPDATE_CHECKPOINT = re.compile(r"checkpoint_(\d+)_(\d+)\.pt")
 EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt")
@@ -202,11 +210,6 @@ def average_checkpoints(paths: Sequence[Path]) -> dict:
     state["model"] = averaged
     state["averaged_from"] = [path.name for path in paths]
     return state
-
-
-def save_checkpoint(state: dict, output: Path) -> None:
-    """Write ``state`` with ``torch.save`` atomically (temporary file + ``os.replace``)."""
-    atomic_write(Path(output), lambda temp: torch.save(state, temp))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,6 +15,10 @@ pipeline; this script provides each stage as a subcommand, streaming and line-al
 * ``extract-hypotheses``: fairseq-generate's ``H-`` lines in the original sentence order;
 * ``detokenize``: Moses detokenisation of the hypotheses before scoring.
 
+Lines end at LF only, in every subcommand (the rule of ``user_plugin.files.text`` and of
+``wc -l``): a stray CR, form feed, NEL or U+2028 inside a sentence never changes a line count
+or the alignment of two sides; ``normalize`` turns them, like tabs, into spaces.
+
 Every output is written to a temporary file next to it and moved into place, so an interrupted
 run never leaves a truncated file behind. Bad input gives one line on stderr and exit status 1.
 """
@@ -45,6 +49,7 @@ from user_plugin.files import (  # noqa: E402
     iter_lines,
     make_temp_dir,
     run_main,
+    single_line,
 )
 
 CHUNK_LINES = 2000
@@ -71,7 +76,8 @@ def write_lines(path: Path, lines: Iterable[str]) -> int:
 
 
 def count_lines(path: Path) -> int:
-    """Number of lines of a file (a last line without ``\\n`` counts too)."""
+    """Number of lines of a file by the project's rule (``\\n`` ends a line, nothing else; a
+    last line without ``\\n`` counts too)."""
     try:
         with open(path, "rb") as handle:
             count, last = 0, b""
@@ -84,11 +90,6 @@ def count_lines(path: Path) -> int:
     except OSError as error:
         raise file_error(path, error, expected="a text file") from None
     return count + (1 if last not in (b"", b"\n") else 0)
-
-
-def single_line(text: str) -> str:
-    """``text`` with every run of whitespace (any Unicode space, CR, tab...) made one space."""
-    return " ".join(text.split())
 
 
 def chunks(lines: Iterable[str], size: int = CHUNK_LINES) -> Iterator[list[str]]:

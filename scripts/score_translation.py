@@ -39,7 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
 
-from user_plugin.files import UserError, atomic_write_text, read_lines, run_main  # noqa: E402
+from user_plugin.files import UserError, atomic_write_text, iter_lines, run_main  # noqa: E402
 
 #: ``perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'`` on bytes: ASCII whitespace only.
 COMPOUND_HYPHEN = re.compile(r"(\S)-(\S)", re.ASCII)
@@ -138,8 +138,10 @@ def sacrebleu_score(hypotheses: Sequence[str], references: Sequence[str],
 
 
 def read_pair(hyp: Path, ref: Path) -> tuple[list[str], list[str]]:
-    """Hypothesis and reference lines, refusing files whose line counts differ."""
-    hypotheses, references = read_lines(hyp), read_lines(ref)
+    """Hypothesis and reference lines, refusing files whose line counts differ. Only LF ends a
+    line (the project's rule, that of ``wc -l`` and the recipes' checks): a stray CR, form
+    feed, NEL or U+2028 inside a sentence stays in it, so line N of both files stays a pair."""
+    hypotheses, references = list(iter_lines(hyp)), list(iter_lines(ref))
     if len(hypotheses) != len(references):
         raise UserError(f"line counts differ: {hyp} has {len(hypotheses)} lines, {ref} has "
                         f"{len(references)}")

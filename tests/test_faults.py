@@ -2,18 +2,22 @@
 
 The matrix of what was tried, what happens and which test shows it is docs/faults.md.
 
-Killed training runs use a wrapper script written by the tests (``WRAPPER``): it runs the real
-``fairseq-train`` after installing, from environment variables, a hook that SIGKILLs the process
-at a chosen point (after an update, inside ``torch.save`` of a checkpoint, inside the copy to
-``checkpoint_last.pt``). The product code has no test hooks.
+Killed training runs use a wrapper script written by the tests (``fault_injection.WRAPPER``):
+it runs the real ``fairseq-train`` after installing, from environment variables, a hook that
+SIGKILLs the process at a chosen point (after an update, inside ``torch.save`` of a checkpoint,
+inside the copy to ``checkpoint_last.pt``, after a save), pauses it, or makes the disk full.
+The product code has no test hooks.
 """
 
 import importlib
 import io
+import logging
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,87 +25,23 @@ import pytest
 import torch
 from cli import PAPER_OPTIMIZATION_ARGS, REPO, TINY_MODEL_ARGS, USER_DIR, fairseq_env, run_fairseq
 from conftest import TINY, build_vaswani, make_dictionary
+from fault_injection import (
+    FullDisk,
+    fault_env,
+    flip_a_byte,
+    run_wrapped_args,
+    snapshot,
+    wrapped_command,
+)
 
 from user_plugin import hub
-from user_plugin.files import run_main
+from user_plugin.files import TEMP_SUFFIX, run_main
 
 sys.path.insert(0, str(REPO / "scripts"))
 average_checkpoints = importlib.import_module("average_checkpoints")
 prepare_text = importlib.import_module("prepare_text")
 NOISE = ("Warning", "warnings.warn", "tensorboardX", "autocast")  # library chatter on stderr
 
-WRAPPER = r'''
-"""fairseq-train with a fault injected from the environment (written by tests/test_faults.py)."""
-import os
-import shutil
-import signal
-import sys
-
-sys.path.insert(0, os.environ["FAULT_REPO"])
-
-
-def die():
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-kill_after_update = int(os.environ.get("FAULT_KILL_AFTER_UPDATE", "0"))
-kill_in_save = int(os.environ.get("FAULT_KILL_IN_SAVE", "0"))
-kill_in_copy = int(os.environ.get("FAULT_KILL_IN_COPY_TO_LAST", "0"))
-
-if os.environ.get("FAULT_FAIRSEQ_COPY") == "1":
-    # the control: the plugin imported, then fairseq's own (non-atomic) copy put back
-    import user_plugin.registration  # noqa: F401
-    from fairseq import checkpoint_utils
-    from fairseq.file_io import PathManager
-    checkpoint_utils.PathManager = PathManager
-
-if kill_after_update:
-    from fairseq.trainer import Trainer
-    train_step = Trainer.train_step
-
-    def train_step_then_die(self, *args, **kwargs):
-        out = train_step(self, *args, **kwargs)
-        if self.get_num_updates() >= kill_after_update:
-            die()
-        return out
-
-    Trainer.train_step = train_step_then_die
-
-if kill_in_save:
-    import torch
-    save, calls = torch.save, [0]
-
-    def save_half_then_die(obj, f, *args, **kwargs):
-        calls[0] += 1
-        if calls[0] == kill_in_save and not isinstance(f, (str, os.PathLike)):
-            f.write(b"PK\x03\x04 half a checkpoint")
-            f.flush()
-            die()
-        return save(obj, f, *args, **kwargs)
-
-    torch.save = save_half_then_die
-
-if kill_in_copy:
-    copyfile, copies = shutil.copyfile, [0]
-
-    def copy_half_then_die(src, dst, *args, **kwargs):
-        if "checkpoint_last.pt" in os.path.basename(str(dst)):
-            copies[0] += 1
-            if copies[0] == kill_in_copy:
-                with open(src, "rb") as fin, open(dst, "wb") as fout:
-                    fout.write(fin.read(os.path.getsize(src) // 2))
-                die()
-        return copyfile(src, dst, *args, **kwargs)
-
-    shutil.copyfile = copy_half_then_die
-
-from fairseq_cli.train import cli_main  # noqa: E402
-
-sys.argv = ["fairseq-train", *sys.argv[1:]]
-cli_main()
-'''
 
 MAX_UPDATE = 30
 SAVE_EVERY = 10
@@ -119,14 +59,9 @@ def train_args(data_bin: Path, save_dir: Path) -> list:
 
 
 def run_wrapped(tmp_path: Path, data_bin: Path, save_dir: Path, **faults: str):
-    """Run fairseq-train through :data:`WRAPPER` with ``FAULT_<NAME>`` variables set."""
-    wrapper = tmp_path / "train_with_fault.py"
-    wrapper.write_text(WRAPPER, encoding="utf-8")
-    env = fairseq_env()
-    env["FAULT_REPO"] = str(REPO)
-    env.update({f"FAULT_{name.upper()}": str(value) for name, value in faults.items()})
-    cmd = [sys.executable, str(wrapper), *map(str, train_args(data_bin, save_dir))]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    """Run fairseq-train through :data:`fault_injection.WRAPPER` with ``FAULT_<NAME>``
+    variables set."""
+    return run_wrapped_args(tmp_path, train_args(data_bin, save_dir), **faults)
 
 
 def load_state(path: Path) -> dict:
@@ -182,7 +117,7 @@ def test_sigkill_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, mul
     save_dir = tmp_path / "checkpoints"
     proc = run_wrapped(tmp_path, multi30k_bin.data_bin, save_dir, kill_in_save=2)
     assert proc.returncode == -signal.SIGKILL
-    # fairseq writes checkpoint_1_20.pt.tmp and renames it: the partial file is only the .tmp
+    # the checkpoint is written to a temporary file and renamed: only that file is partial
     assert not list(save_dir.glob("checkpoint_*_20.pt"))
     assert_resumes_to_the_same_model(tmp_path, multi30k_bin, save_dir, uninterrupted, 10)
 
@@ -289,6 +224,28 @@ def test_truncated_checkpoint_through_the_real_commands(tool, reference_run, tmp
     line = one_error_line(proc.stderr)
     assert str(bad) in line and "truncated" in line
     assert not out_dir.exists()
+
+
+def generate_error_line(stderr: str) -> str:
+    """fairseq-generate's error line: it logs on stderr, so the error is the last line; no
+    traceback."""
+    assert "Traceback" not in stderr
+    line = stderr.strip().splitlines()[-1]
+    assert line.startswith("generate.py: error: "), stderr[-3000:]
+    return line
+
+
+@pytest.mark.parametrize("kind", BAD_KINDS)
+def test_fairseq_generate_refuses_a_bad_checkpoint_in_one_line(kind, reference_run, tmp_path):
+    """fairseq's own loader, through the plugin: the file named, no traceback."""
+    bad = bad_checkpoint(kind, tmp_path, reference_run.checkpoint)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fairseq_cli.generate", str(reference_run.data_bin), "--user-dir",
+         USER_DIR, "--path", str(bad), "--cpu", "--gen-subset", "test", "--beam", "1"],
+        env=fairseq_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "H-" not in proc.stdout
+    line = generate_error_line(proc.stderr)
+    assert line.startswith(f"generate.py: error: {bad}: ") and BAD_KINDS[kind] in line
 
 
 # --------------------------------------------------------------------------------------------
@@ -478,3 +435,468 @@ def test_interactive_keeps_one_output_per_input_line_with_empty_lines(reference_
            if line.startswith("H-")]
     assert ids == [0, 1, 2, 3]
     assert sources == lines
+
+
+# --------------------------------------------------------------------------------------------
+# The save directory: final means final, one writer, intact resumes, no orphans, full disks
+
+LOCK = ".vaswani-train.lock"
+
+
+def train_error_line(stderr: str) -> str:
+    """fairseq-train's error line: the last line of its stderr (where hydra prints its
+    deprecation warnings first), no traceback."""
+    assert "Traceback" not in stderr
+    line = stderr.strip().splitlines()[-1]
+    assert line.startswith("fairseq-train: error: "), stderr[-3000:]
+    return line
+
+
+def without_lock(files: dict) -> dict:
+    return {name: value for name, value in files.items() if name != LOCK}
+
+
+def test_rerun_of_a_finished_run_stops_at_once_and_changes_nothing(reference_run, tmp_path):
+    save_dir = tmp_path / "checkpoints"
+    shutil.copytree(reference_run.checkpoint.parent, save_dir)
+    before = snapshot(save_dir)
+    proc = run_wrapped(tmp_path, reference_run.data_bin, save_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (f"training already finished: {save_dir / 'checkpoint_last.pt'} holds update "
+            f"{MAX_UPDATE} and --max-update is {MAX_UPDATE}; nothing was loaded or written"
+            in proc.stdout)
+    assert "Loaded checkpoint" not in proc.stdout and "Saved checkpoint" not in proc.stdout
+    assert snapshot(save_dir) == before  # every file byte-identical, nothing added
+
+
+def test_sigkill_after_the_final_save_then_rerun_changes_nothing(multi30k_bin, tmp_path):
+    save_dir = tmp_path / "checkpoints"
+    proc = run_wrapped(tmp_path, multi30k_bin.data_bin, save_dir, kill_after_save=MAX_UPDATE)
+    assert proc.returncode == -signal.SIGKILL
+    assert num_updates(save_dir / "checkpoint_last.pt") == MAX_UPDATE
+    assert (save_dir / LOCK).exists()  # the killed run never released its lock
+    before = snapshot(save_dir)
+    proc = run_wrapped(tmp_path, multi30k_bin.data_bin, save_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "training already finished" in proc.stdout and "took over the lock" in proc.stdout
+    # the checkpoints are untouched; the stale lock is released like any other
+    assert snapshot(save_dir) == without_lock(before) and not (save_dir / LOCK).exists()
+
+
+@pytest.mark.parametrize("reset, finished", [
+    ([], True), (["--reset-lr-scheduler", "--reset-meters"], True),
+    (["--reset-optimizer"], False), (["--reset-dataloader"], True),
+])
+def test_reset_options_decide_whether_a_finished_run_goes_on(reset, finished):
+    """--reset-optimizer restarts the update count (a new phase of training runs);
+    --reset-dataloader restarts the epochs, which only matters for --max-epoch."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    from user_plugin.training_run import finished_reason
+
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [
+        "data", "--arch", "vaswani_base", "--max-update", "30", "--max-epoch", "2", *reset])
+    cfg = convert_namespace_to_omegaconf(args)
+    state = {"optimizer_history": [{"num_updates": 30}],
+             "extra_state": {"train_iterator": {"epoch": 1, "iterations_in_epoch": 30}}}
+    reason = finished_reason(state, Path("ckpt.pt"), cfg.checkpoint, cfg.optimization)
+    assert (reason is not None) == finished
+    by_epochs = {"optimizer_history": [{"num_updates": 12}],
+                 "extra_state": {"train_iterator": {"epoch": 3, "iterations_in_epoch": 0}}}
+    reason = finished_reason(by_epochs, Path("ckpt.pt"), cfg.checkpoint, cfg.optimization)
+    assert (reason is not None) == ("--reset-dataloader" not in reset)
+    if reason is not None:
+        assert reason == "ckpt.pt holds the end of epoch 2 and --max-epoch is 2"
+
+
+def test_a_second_training_on_the_same_save_dir_is_refused_and_touches_nothing(
+        multi30k_bin, tmp_path, uninterrupted):
+    """Two real processes: the first holds the directory (paused after update 15); the second
+    stops at start with one line naming it, and changes nothing; the first then finishes with
+    the parameters of an undisturbed run."""
+    save_dir = tmp_path / "checkpoints"
+    pause = tmp_path / "pause"
+    pause.touch()
+    first = subprocess.Popen(
+        wrapped_command(tmp_path, train_args(multi30k_bin.data_bin, save_dir)),
+        env=fault_env(pause_after_update=15, pause_file=pause), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        while not pause.with_suffix(".paused").exists():
+            assert first.poll() is None, first.communicate()[1][-3000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        before = snapshot(save_dir)
+        second_dir = tmp_path / "second"
+        second_dir.mkdir()
+        second = run_wrapped(second_dir, multi30k_bin.data_bin, save_dir)
+        assert second.returncode == 1
+        line = train_error_line(second.stderr)
+        assert line.startswith(f"fairseq-train: error: {save_dir} is in use by another "
+                               f"training run (pid {first.pid} on ")
+        assert snapshot(save_dir) == before
+    finally:
+        pause.unlink()
+        _, err = first.communicate(timeout=600)
+    assert first.returncode == 0, err[-3000:]
+    model = load_state(save_dir / "checkpoint_last.pt")["model"]
+    for key, value in uninterrupted.items():
+        torch.testing.assert_close(model[key], value, rtol=0, atol=1e-6, msg=key)
+    assert not (save_dir / LOCK).exists()
+
+
+def test_a_killed_runs_lock_and_partial_files_are_cleaned_up_by_the_next_run(
+        multi30k_bin, tmp_path, uninterrupted):
+    save_dir = tmp_path / "checkpoints"
+    proc = run_wrapped(tmp_path, multi30k_bin.data_bin, save_dir, kill_in_save=2)
+    assert proc.returncode == -signal.SIGKILL
+    orphans = [p for p in save_dir.iterdir() if p.name.endswith((TEMP_SUFFIX, ".pt.tmp"))]
+    assert len(orphans) == 1 and orphans[0].stat().st_size > 0
+    killed = re.match(r"pid (\d+) on ", (save_dir / LOCK).read_text()).group(1)
+    proc = run_wrapped(tmp_path, multi30k_bin.data_bin, save_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"took over the lock of {save_dir}" in proc.stdout and f"(pid {killed} on" in proc.stdout
+    assert f"removed {orphans[0].name} (" in proc.stdout
+    assert num_updates(save_dir / "checkpoint_last.pt") == MAX_UPDATE
+    leftovers = [p.name for p in save_dir.iterdir()
+                 if p.name.startswith(".") or p.name.endswith(".tmp")]
+    assert leftovers == []
+
+
+def test_damaged_checkpoints_make_the_resume_use_the_newest_intact_one(multi30k_bin, tmp_path,
+                                                                       uninterrupted):
+    save_dir = tmp_path / "checkpoints"
+    proc = run_wrapped(tmp_path, multi30k_bin.data_bin, save_dir, kill_after_update=25)
+    assert proc.returncode == -signal.SIGKILL
+    for name in ("checkpoint_last.pt", "checkpoint_1_20.pt"):  # both hold update 20
+        flip_a_byte(save_dir / name)
+    assert_resumes_to_the_same_model_from(tmp_path, multi30k_bin, save_dir, uninterrupted,
+                                          save_dir / "checkpoint_1_10.pt", 10)
+
+
+def assert_resumes_to_the_same_model_from(tmp_path, multi30k_bin, save_dir, uninterrupted,
+                                          source: Path, updates: int) -> None:
+    proc = run_wrapped(tmp_path, multi30k_bin.data_bin, save_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (f"{save_dir / 'checkpoint_last.pt'} is not usable: corrupt: record "
+            in proc.stdout + proc.stderr)
+    assert (f"resuming from the newest intact checkpoint instead: {source} (update {updates})"
+            in proc.stdout + proc.stderr)
+    assert f"Loaded checkpoint {source} (epoch 1 @ {updates} updates)" in proc.stdout
+    model = load_state(save_dir / "checkpoint_last.pt")["model"]
+    for key, value in uninterrupted.items():
+        torch.testing.assert_close(model[key], value, rtol=0, atol=1e-6, msg=key)
+
+
+def test_a_full_disk_at_a_save_is_one_line_and_the_run_resumes(multi30k_bin, tmp_path,
+                                                               uninterrupted):
+    """The third checkpoint file written (the save of update 20, after checkpoint_1_10.pt and
+    its copy to checkpoint_last.pt) meets a full disk."""
+    save_dir = tmp_path / "checkpoints"
+    proc = run_wrapped(tmp_path, multi30k_bin.data_bin, save_dir, full_disk_at_write=3)
+    assert proc.returncode == 1
+    line = train_error_line(proc.stderr)
+    assert line.startswith(f"fairseq-train: error: {save_dir / 'checkpoint_1_20.pt'}: cannot "
+                           "write (no space left on device); nothing was written")
+    assert sorted(p.name for p in save_dir.iterdir()) == ["checkpoint_1_10.pt",
+                                                          "checkpoint_last.pt"]
+    assert_resumes_to_the_same_model(tmp_path, multi30k_bin, save_dir, uninterrupted, 10)
+
+
+def test_resuming_with_another_vocabulary_names_the_parameter_and_both_shapes(reference_run,
+                                                                               tmp_path):
+    other_bin = tmp_path / "other-bin"
+    text = reference_run.text_dir
+    run_fairseq("preprocess", [
+        "--source-lang", "en", "--target-lang", "de", "--joined-dictionary",
+        "--trainpref", text / "train", "--validpref", text / "valid", "--destdir", other_bin,
+        "--thresholdsrc", "5", "--thresholdtgt", "5", "--workers", "1"])
+    save_dir = tmp_path / "checkpoints"
+    shutil.copytree(reference_run.checkpoint.parent, save_dir)
+    before = snapshot(save_dir)
+    args = [*train_args(other_bin, save_dir), "--max-update", str(MAX_UPDATE + 10)]
+    proc = run_wrapped_args(tmp_path, args)
+    assert proc.returncode == 1
+    line = train_error_line(proc.stderr)
+    size = len((other_bin / "dict.en.txt").read_text(encoding="utf-8").splitlines()) + 4
+    old = reference_run.model["encoder.embed_tokens.weight"].shape[0]
+    assert (f"{save_dir / 'checkpoint_last.pt'}: cannot resume: parameter "
+            f"'encoder.embed_tokens.weight' has shape [{old}, 64] in the checkpoint but "
+            f"[{size}, 64] in the model being trained" in line)
+    assert without_lock(snapshot(save_dir)) == before
+
+
+# --------------------------------------------------------------------------------------------
+# Damaged checkpoints: every reader refuses them in one line
+
+
+@pytest.mark.parametrize("tool", ["average", "hub", "plot_attention", "generate"])
+def test_every_reader_refuses_a_checkpoint_with_flipped_bytes(tool, reference_run, tmp_path):
+    bad = tmp_path / "flipped.pt"
+    shutil.copyfile(reference_run.checkpoint, bad)
+    flip_a_byte(bad)
+    out = tmp_path / "out"
+    commands = {
+        "average": [sys.executable, str(REPO / "scripts" / "average_checkpoints.py"), "--inputs",
+                    str(reference_run.checkpoint), str(bad), "--output", str(out)],
+        "hub": [sys.executable, "-m", "user_plugin.hub", str(reference_run.data_bin),
+                "--checkpoints", str(bad), "--source-lang", "en", "--target-lang", "de"],
+        "plot_attention": [sys.executable, str(REPO / "scripts" / "plot_attention.py"),
+                           "--checkpoint", str(bad), "--data-dir", str(reference_run.data_bin),
+                           "--source", "a man .", "--out-dir", str(out)],
+        "generate": [sys.executable, "-m", "fairseq_cli.generate", str(reference_run.data_bin),
+                     "--user-dir", USER_DIR, "--path", str(bad), "--cpu", "--gen-subset", "test",
+                     "--beam", "1"],
+    }
+    proc = subprocess.run(commands[tool], input="a man .\n", cwd=REPO, env=fairseq_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "H-" not in proc.stdout
+    if tool == "generate":
+        line = generate_error_line(proc.stderr)
+    else:
+        line = one_error_line(proc.stderr)
+    assert str(bad) in line and "corrupt: record" in line and "fails its CRC-32 check" in line
+    assert not out.exists()
+
+
+# --------------------------------------------------------------------------------------------
+# Full disks in the scripts' writers
+
+
+@pytest.mark.parametrize("tool", ["average", "export", "score", "plot_attention", "prepare"])
+def test_a_full_disk_is_one_line_and_leaves_nothing(tool, reference_run, tmp_path, capsys,
+                                                    monkeypatch):
+    """Each writer's temporary file meets a full disk (a patched ``open``): one line naming
+    the destination, exit status 1, no file left behind."""
+    import builtins
+
+    real_open = builtins.open
+
+    def open_on_a_full_disk(file, mode="r", *args, **kwargs):
+        handle = real_open(file, mode, *args, **kwargs)
+        if "w" in str(mode) and str(file).endswith(TEMP_SUFFIX):
+            return FullDisk(handle)
+        return handle
+
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    text = tmp_path / "text.de"
+    text.write_text("Ein Mann .\nZwei Hunde .\n", encoding="utf-8")
+    if tool == "average":
+        module, prog = average_checkpoints, "average_checkpoints.py"
+        argv = ["--inputs", str(reference_run.checkpoint), "--output", str(out_dir / "avg.pt")]
+        destination = out_dir / "avg.pt"
+    elif tool == "export":
+        module = importlib.import_module("user_plugin.export.cli")
+        prog = "python -m user_plugin.export"
+        argv = [str(reference_run.checkpoint), "--data-dir", str(reference_run.data_bin), "--to",
+                "fairseq", "--output", str(out_dir / "exported.pt")]
+        destination = out_dir / "exported.pt"
+    elif tool == "score":
+        module, prog = importlib.import_module("score_translation"), "score_translation.py"
+        argv = ["--hyp", str(text), "--ref", str(text), "--target-lang", "de",
+                "--output-json", str(out_dir / "bleu.json")]
+        destination = out_dir / "bleu.json"
+    elif tool == "plot_attention":
+        module, prog = importlib.import_module("plot_attention"), "plot_attention.py"
+        argv = ["--checkpoint", str(reference_run.checkpoint), "--data-dir",
+                str(reference_run.data_bin), "--source", "a man .", "--target", "ein mann .",
+                "--tokenized", "--out-dir", str(out_dir)]
+        destination = out_dir / "encoder_self_layer1.png"
+    else:
+        module, prog = prepare_text, "prepare_text.py"
+        argv = ["normalize", "--lang", "de", str(text), str(out_dir / "text.tok.de")]
+        destination = out_dir / "text.tok.de"
+    monkeypatch.setattr(builtins, "open", open_on_a_full_disk)
+    monkeypatch.setattr(io, "open", open_on_a_full_disk)  # pathlib's
+    status = run_main(module.main, argv, prog)
+    monkeypatch.setattr(builtins, "open", real_open)
+    monkeypatch.setattr(io, "open", real_open)
+    err = capsys.readouterr().err  # the export first says what it exports
+    line = one_error_line("\n".join(line for line in err.splitlines()
+                                    if not line.startswith("exporting ")))
+    assert status == 1
+    assert line == f"{prog}: error: {destination}: cannot write (no space left on device)"
+    assert list(out_dir.iterdir()) == []
+
+
+def tmpfs_available() -> bool:
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
+                           capture_output=True, check=False) if shutil.which("unshare") else None
+    return probe is not None and probe.returncode == 0
+
+
+def test_averaging_onto_a_really_full_disk(reference_run, tmp_path):
+    """The real command onto a 256 KiB tmpfs (mounted in a user namespace): the disk fills
+    inside ``torch.save``; one line, nothing left on the disk."""
+    if not tmpfs_available():
+        pytest.skip("cannot mount a tmpfs here (no unprivileged user namespaces)")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = (f"mount -t tmpfs -o size=256k tmpfs {disk} && "
+              f"{sys.executable} {REPO / 'scripts' / 'average_checkpoints.py'} --inputs "
+              f"{reference_run.checkpoint} --output {disk / 'avg.pt'}; "
+              f"echo status=$?; ls -A {disk}")
+    proc = subprocess.run(["unshare", "-rm", "sh", "-c", script], env=fairseq_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert "status=1" in proc.stdout and proc.stdout.strip().endswith("status=1"), proc.stdout
+    line = one_error_line(proc.stderr)
+    assert line == (f"average_checkpoints.py: error: {disk / 'avg.pt'}: cannot write "
+                    "(no space left on device)")
+
+
+def test_the_hub_writing_to_a_full_disk_is_one_line(reference_run):
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "user_plugin.hub", str(reference_run.data_bin),
+             "--checkpoints", str(reference_run.checkpoint), "--source-lang", "en",
+             "--target-lang", "de", "--beam", "1"],
+            input="a man .\n" * 50, stdout=full, stderr=subprocess.PIPE, cwd=REPO,
+            env=fairseq_env(), text=True, timeout=300)
+    assert proc.returncode == 2
+    assert one_error_line(proc.stderr) == ("error: standard output: cannot write "
+                                           "(no space left on device)")
+
+
+# --------------------------------------------------------------------------------------------
+# The hub: lines, encodings, subword models, dictionaries, language direction
+
+
+def test_hub_keeps_one_output_line_per_input_line_whatever_the_line_contains(reference_run):
+    lines = ["a man\ris walking .", "two dogs\u2028play .", "", "a\x85child\x0csits .",
+             "\ufeffa woman .\t"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "user_plugin.hub", str(reference_run.data_bin), "--checkpoints",
+         str(reference_run.checkpoint), "--source-lang", "en", "--target-lang", "de",
+         "--beam", "1"],
+        input="\n".join(lines).encode("utf-8") + b"\n", capture_output=True, cwd=REPO,
+        env=fairseq_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    outputs = proc.stdout.decode("utf-8").split("\n")
+    assert len(outputs) == len(lines) + 1 and outputs[-1] == ""
+    assert outputs[2] == "" and all(outputs[i] for i in (0, 1, 3, 4))
+    translator = hub.load_translator(reference_run.data_bin, checkpoints=[reference_run.checkpoint],
+                                     source_lang="en", target_lang="de", beam=1)
+    assert outputs[1] == translator.translate("two dogs play .")  # U+2028 is a space
+
+
+def test_hub_refuses_input_that_is_not_utf8_in_one_line(reference_run):
+    proc = subprocess.run(
+        [sys.executable, "-m", "user_plugin.hub", str(reference_run.data_bin), "--checkpoints",
+         str(reference_run.checkpoint), "--source-lang", "en", "--target-lang", "de"],
+        input=b"a man .\nStra\xdfe .\n", capture_output=True, cwd=REPO, env=fairseq_env(),
+        timeout=300)
+    assert proc.returncode == 2 and proc.stdout == b""
+    line = one_error_line(proc.stderr.decode("utf-8"))
+    assert line == "error: standard input: not valid UTF-8 text (line 2, byte 12)"
+
+
+def test_hub_refuses_malformed_bpe_codes_naming_the_file(reference_run, tmp_path, capsys,
+                                                         monkeypatch):
+    codes = tmp_path / "bpecodes"
+    codes.write_text("#version: 0.2\na n\nm a n\n", encoding="utf-8")
+    with pytest.raises(hub.HubError) as info:
+        hub.load_translator(reference_run.data_bin, checkpoints=[reference_run.checkpoint],
+                            source_lang="en", target_lang="de", bpe_codes=codes)
+    assert str(info.value) == (f"cannot read BPE codes {codes}: invalid line 3 in BPE codes "
+                               "file: m a n")
+    monkeypatch.setattr("sys.stdin", io.StringIO("a man .\n"))
+    status = hub.main([str(reference_run.data_bin), "--checkpoints", str(reference_run.checkpoint),
+                       "--bpe-codes", str(codes), "--source-lang", "en", "--target-lang", "de"])
+    captured = capsys.readouterr()
+    assert status == 2 and captured.out == ""
+    assert one_error_line(captured.err) == f"error: {info.value}"
+
+
+def test_hub_refuses_a_malformed_sentencepiece_model_naming_the_file(reference_run, tmp_path):
+    model = tmp_path / "spm.model"
+    model.write_bytes(b"\x0a\x05hello not a model")
+    with pytest.raises(hub.HubError) as info:
+        hub.load_translator(reference_run.data_bin, checkpoints=[reference_run.checkpoint],
+                            source_lang="en", target_lang="de", sentencepiece_model=model)
+    message = str(info.value)
+    assert message.startswith(f"cannot read SentencePiece model {model}: ") and "\n" not in message
+
+
+def test_hub_names_the_parameter_when_the_dictionaries_do_not_fit(reference_run, tmp_path):
+    for lang in ("en", "de"):
+        words = (reference_run.data_bin / f"dict.{lang}.txt").read_text(encoding="utf-8")
+        extra = "".join(f"extraword{i} 1\n" for i in range(8))
+        (tmp_path / f"dict.{lang}.txt").write_text(words + extra, encoding="utf-8")
+    with pytest.raises(hub.HubError) as info:
+        hub.load_translator(tmp_path, checkpoints=[reference_run.checkpoint], source_lang="en",
+                            target_lang="de")
+    old = reference_run.model["encoder.embed_tokens.weight"].shape[0]
+    assert str(info.value) == (
+        f"cannot build the model of {reference_run.checkpoint}: parameter "
+        f"'encoder.embed_tokens.weight' has shape [{old}, 64] in the checkpoint but "
+        f"[{old + 8}, 64] in the model for the dictionaries of {tmp_path} (another vocabulary "
+        "or architecture?)")
+
+
+def test_hub_warns_when_the_direction_is_not_the_checkpoints(reference_run, caplog):
+    with caplog.at_level(logging.WARNING, logger="user_plugin.hub"):
+        hub.load_translator(reference_run.data_bin, checkpoints=[reference_run.checkpoint],
+                            source_lang="de", target_lang="en")
+    assert "translating de->en, but the checkpoint was trained en->de" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="user_plugin.hub"):
+        hub.load_translator(reference_run.data_bin, checkpoints=[reference_run.checkpoint],
+                            source_lang="en", target_lang="de")
+    assert "translating" not in caplog.text
+
+
+# --------------------------------------------------------------------------------------------
+# Attention pictures of fairseq's built-in transformer
+
+
+def test_plot_attention_reads_a_builtin_transformer_like_ours():
+    """fairseq's ``transformer`` with our weights and positions draws the same maps as ours."""
+    from conftest import fake_task
+
+    from user_plugin.builtin_transformer import (
+        OurPositionsForFairseq,
+        build_fairseq_transformer,
+        copy_our_weights_into_fairseq,
+    )
+
+    plot_attention = importlib.import_module("plot_attention")
+    dictionary = make_dictionary(40)
+    torch.manual_seed(0)
+    ours = build_vaswani(dictionary, **TINY).eval()
+    theirs = build_fairseq_transformer(ours, fake_task(dictionary)).eval()
+    copy_our_weights_into_fairseq(ours, theirs)
+    pad = dictionary.pad()
+    theirs.encoder.embed_positions = OurPositionsForFairseq(ours.encoder.embed_positions, pad)
+    theirs.decoder.embed_positions = OurPositionsForFairseq(ours.decoder.embed_positions, pad)
+    src = torch.tensor([5, 6, 7, 8, dictionary.eos()])
+    tgt = torch.tensor([9, 10, 11, dictionary.eos()])
+    expected = plot_attention.attention_maps(ours, src, tgt, dictionary.eos())
+    got = plot_attention.attention_maps(theirs, src, tgt, dictionary.eos())
+    for kind in plot_attention.KINDS:
+        assert len(got[kind]) == len(expected[kind]) == 2
+        for mine, builtin in zip(expected[kind], got[kind]):
+            assert builtin.shape == mine.shape and builtin.size(0) == 4
+            torch.testing.assert_close(builtin, mine, atol=1e-5, rtol=1e-5)
+
+
+def test_plot_attention_of_a_builtin_transformer_checkpoint(multi30k_bin, tmp_path):
+    save_dir = tmp_path / "builtin"
+    builtin_args = [arg if arg != "vaswani_base" else "transformer" for arg in TINY_MODEL_ARGS]
+    run_fairseq("train", [
+        multi30k_bin.data_bin, "--user-dir", USER_DIR, "--cpu", *builtin_args,
+        *PAPER_OPTIMIZATION_ARGS, "--d-model", "64", "--max-update", "2", "--max-tokens", "1000",
+        "--save-dir", save_dir, "--disable-validation", "--num-workers", "0"])
+    out = tmp_path / "attention"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "plot_attention.py"), "--checkpoint",
+         str(save_dir / "checkpoint_last.pt"), "--data-dir", str(multi30k_bin.data_bin),
+         "--source", "a man is riding a bike .", "--tokenized", "--out-dir", str(out)],
+        cwd=REPO, env=fairseq_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        f"{kind}_layer{layer}.png" for kind in ("encoder_self", "decoder_self",
+                                                 "encoder_decoder") for layer in (1, 2))

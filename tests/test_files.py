@@ -1,12 +1,15 @@
 """user_plugin.files: one-line errors naming the file, atomic writes and copies, text lines,
-checkpoint reading."""
+checkpoint reading, checking and writing, directory locks."""
 
 from __future__ import annotations
 
 import errno
 import os
 import pickle
+import signal
 import stat
+import subprocess
+import sys
 from fractions import Fraction
 
 import pytest
@@ -16,16 +19,22 @@ from user_plugin.files import (
     LOAD_ERRORS,
     TEMP_SUFFIX,
     CheckpointError,
+    DirectoryInUse,
+    DirectoryLock,
     UserError,
     atomic_copy,
     atomic_write,
     atomic_write_text,
+    checkpoint_integrity_problem,
     file_error,
     first_line,
     iter_lines,
     read_checkpoint,
     read_lines,
+    remove_stale_temporaries,
     run_main,
+    save_checkpoint,
+    state_dict_mismatch,
     temp_destination,
 )
 from user_plugin.hub import HubError
@@ -193,3 +202,175 @@ def test_read_checkpoint_refuses_unsafe_pickles(tmp_path):
 
 def test_hub_errors_are_user_errors_and_runtime_errors():
     assert issubclass(HubError, UserError) and issubclass(HubError, RuntimeError)
+
+
+# ---------------------------------------------------------------------------------------------
+# Integrity, verified writes, orphans, locks
+
+
+def test_flipped_bytes_in_an_intact_archive_fail_the_crc_check(tmp_path):
+    from fault_injection import flip_a_byte
+
+    good = fairseq_like(tmp_path / "good.pt")
+    assert checkpoint_integrity_problem(good) is None
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(good.read_bytes())
+    flip_a_byte(bad, offset=3)
+    assert torch.load(bad, weights_only=True)["model"]["w"][0] != 1  # torch does not notice
+    problem = checkpoint_integrity_problem(bad)
+    assert problem is not None and problem.startswith("corrupt: record '")
+    with pytest.raises(CheckpointError) as info:
+        read_checkpoint(bad)
+    assert str(info.value).startswith(f"{bad}: not a readable PyTorch checkpoint (corrupt: ")
+    assert "fails its CRC-32 check" in str(info.value)
+    assert read_checkpoint(bad, verify=False)["model"]["w"].shape == (2,)
+
+
+def test_save_checkpoint_is_atomic_verified_and_one_line_on_a_full_disk(tmp_path, monkeypatch):
+    path = tmp_path / "out.pt"
+    save_checkpoint({"model": {"w": torch.arange(5.0)}}, path)
+    assert torch.equal(read_checkpoint(path)["model"]["w"], torch.arange(5.0))
+    before = path.read_bytes()
+    real_save = torch.save
+
+    def save_onto_a_full_disk(obj, handle, *args, **kwargs):
+        handle.write(b"PK\x03\x04")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", save_onto_a_full_disk)
+    with pytest.raises(UserError) as info:
+        save_checkpoint({"model": {"w": torch.zeros(5)}}, path)
+    assert str(info.value) == f"{path}: cannot write (no space left on device)"
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["out.pt"]
+
+    def save_garbage(obj, handle, *args, **kwargs):
+        handle.write(b"PK\x03\x04 not an archive")
+
+    monkeypatch.setattr(torch, "save", save_garbage)
+    with pytest.raises(UserError, match="the written checkpoint does not read back: truncated"):
+        save_checkpoint({"model": {}}, path)
+    monkeypatch.setattr(torch, "save", real_save)
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["out.pt"]
+
+
+HOLD_A_FILE = """
+import fcntl, os, sys, time
+handle = os.open(sys.argv[1], os.O_RDWR)
+fcntl.flock(handle, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_orphaned_temporary_files_are_removed_but_not_those_being_written(tmp_path):
+    orphan = tmp_path / f".out.txt.abc{TEMP_SUFFIX}"
+    orphan.write_bytes(b"x" * 1000)
+    live = tmp_path / f".other.txt.def{TEMP_SUFFIX}"
+    live.write_bytes(b"y")
+    unrelated = tmp_path / "notes.tmp"
+    unrelated.write_bytes(b"z")
+    writer = subprocess.Popen([sys.executable, "-c", HOLD_A_FILE, str(live)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "held"
+        assert remove_stale_temporaries(tmp_path) == [(orphan, 1000)]
+        assert live.exists() and unrelated.exists()
+        orphan.write_bytes(b"x")
+        atomic_write_text(tmp_path / "out.txt", "new")  # cleans its directory first
+        assert sorted(os.listdir(tmp_path)) == sorted([live.name, "notes.tmp", "out.txt"])
+    finally:
+        writer.kill()
+        writer.wait()
+    assert remove_stale_temporaries(tmp_path) == [(live, 1)]  # its writer is gone
+
+
+HOLD_A_LOCK = """
+import sys, time
+from user_plugin.files import DirectoryLock
+DirectoryLock.acquire(sys.argv[1], "run.lock", "test run")
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_directory_lock_is_held_by_one_process_and_taken_over_after_a_kill(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_A_LOCK, str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(DirectoryInUse) as info:
+            DirectoryLock.acquire(tmp_path, "run.lock", "test run")
+        assert str(info.value).startswith(f"{tmp_path} is in use by another test run "
+                                          f"(pid {holder.pid} on ")
+        assert "\n" not in str(info.value)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    lock = DirectoryLock.acquire(tmp_path, "run.lock", "test run")
+    assert lock.previous_holder.startswith(f"pid {holder.pid} on ")
+    assert (tmp_path / "run.lock").read_text().startswith(f"pid {os.getpid()} on ")
+    lock.release()
+    assert not (tmp_path / "run.lock").exists()
+    again = DirectoryLock.acquire(tmp_path, "run.lock", "test run")
+    assert again.previous_holder == ""  # released cleanly: nothing to take over
+    again.release()
+
+
+HOLD_A_LOCK_AND_FORK = """
+import os, sys, time
+from user_plugin.files import DirectoryLock
+DirectoryLock.acquire(sys.argv[1], "run.lock", "test run")
+child = os.fork()
+if child == 0:
+    os.write(1, b"child running\\n")  # one write each: the lines never interleave
+    time.sleep(600)
+    os._exit(0)
+os.write(1, f"{child}\\n".encode())
+time.sleep(600)
+"""
+
+
+def test_a_forked_child_does_not_keep_the_lock_of_a_killed_holder(tmp_path):
+    """A data loader's worker forked by the training process must not hold its lock."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_A_LOCK_AND_FORK, str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True, env=env)
+    lines = sorted(holder.stdout.readline().strip() for _ in range(2))
+    assert lines[1] == "child running"
+    child = int(lines[0])
+    try:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        os.kill(child, 0)  # the child is still alive
+        lock = DirectoryLock.acquire(tmp_path, "run.lock", "test run")
+        assert lock.previous_holder.startswith(f"pid {holder.pid} on ")
+        lock.release()
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
+def test_uncaught_user_errors_are_one_line_in_any_command(tmp_path):
+    script = tmp_path / "tool.py"
+    script.write_text("from user_plugin.files import UserError, install_one_line_errors\n"
+                      "install_one_line_errors()\n"
+                      "raise UserError('data.txt: no such file')\n", encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env)
+    assert proc.returncode == 1 and proc.stderr == "tool.py: error: data.txt: no such file\n"
+    script.write_text("from user_plugin.files import install_one_line_errors\n"
+                      "install_one_line_errors()\n"
+                      "raise KeyError('other errors keep their traceback')\n", encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env)
+    assert proc.returncode == 1 and "Traceback" in proc.stderr
+
+
+def test_state_dict_mismatch_names_the_first_difference():
+    model = {"a": torch.zeros(2, 3), "b": torch.zeros(4)}
+    assert state_dict_mismatch(model, {"a": torch.ones(2, 3), "b": torch.ones(4)}) is None
+    assert state_dict_mismatch(model, {"a": torch.zeros(5, 3), "b": torch.zeros(4)}) == (
+        "parameter 'a' has shape [5, 3] in the checkpoint but [2, 3] in the model "
+        "(another vocabulary or architecture?)")
+    assert "has no parameter 'b'" in state_dict_mismatch(model, {"a": torch.zeros(2, 3)})
+    assert "has parameter 'c' that the model" in state_dict_mismatch(
+        model, {**model, "c": torch.zeros(1)})

@@ -12,7 +12,10 @@
 * fairseq's ``--bf16`` as bfloat16 autocast on CUDA GPUs and CPUs, and float16 loss-scale
   overflows handled on a CPU (``precision``);
 * a progress line with the time left after each ``train_inner`` record of fairseq-train
-  (``progress``).
+  (``progress``);
+* the training run's save directory: one writer, final means final, verified and intact
+  resumes, one-line save errors, no orphaned temporary files; every checkpoint fairseq reads is
+  verified (``training_run``).
 
 ``--user-dir user_plugin`` gets here through ``tasks/__init__``, which fairseq's loader imports in
 every entry point and every spawned process before any checkpoint is read. Python code that
@@ -24,11 +27,13 @@ from .atomic_checkpoint_copy import install_atomic_checkpoint_copy
 from .precision import install_reduced_precision
 from .progress import install_progress_reporting
 from .safe_loading import allow_fairseq_checkpoint_globals
+from .training_run import install_training_run_guards
 
 allow_fairseq_checkpoint_globals()
 install_atomic_checkpoint_copy()
 install_reduced_precision()
 install_progress_reporting()
+install_training_run_guards()
 
 # Registration happens on import; safe loading must be allowed first, hence the late imports.
 from . import criterions, lr_schedulers, models, tasks  # noqa: E402,F401,I001

@@ -47,9 +47,11 @@
 # logs to $RUN_DIR/train.node<NODE_RANK>.log.
 #
 # Resuming: a finished run (its marker is valid) is skipped. An interrupted run continues from
-# checkpoint_last.pt (fairseq does it by itself) when it was started with the same settings on
-# the same data; otherwise, and when a finished run's settings, data or checkpoints changed,
-# training starts over.
+# its newest intact checkpoint (the plugin and fairseq do it by themselves) when it was started
+# with the same settings on the same data (recorded in checkpoints/.started); otherwise, and
+# when a finished run's settings, data or checkpoints changed, or its marker was deleted,
+# training starts over from scratch, saying why. A directory that a training run is still
+# using is never emptied.
 set -euo pipefail
 STEP_NAME=train
 # shellcheck source=../common.sh
@@ -239,9 +241,9 @@ plot_curves() {
 }
 
 # run_identity: CONFIG, the settings a finished or started run is recorded with (its
-# fingerprint), and INPUTS, the upstream steps it reads. The data is the binarize step's output,
-# identified by its marker; a DATA_BIN made elsewhere (no marker) is used as it is and
-# identified by its path.
+# fingerprint), and INPUTS, the upstream steps it reads: the data, identified by the binarize
+# step's marker, or, for a DATA_BIN made elsewhere (EXTERNAL_DATA=1, no marker), by its content
+# (recipes/common.sh, input_id), so that re-binarizing it in place is noticed.
 run_identity() {
   CONFIG="v1 $S-$T arch=$ARCH max_update=$MAX_UPDATE warmup=$WARMUP_UPDATES ls=$LABEL_SMOOTHING"
   CONFIG+=" max_tokens=$MAX_TOKENS update_freq=$UPDATE_FREQ device=$DEVICE gpus=$NUM_GPUS"
@@ -253,12 +255,16 @@ run_identity() {
   if [ "$BATCH_TOKENS" != "$MAX_TOKENS" ]; then
     CONFIG+=" batch_tokens=$BATCH_TOKENS"
   fi
+  INPUTS=("$BIN_DIR")
+  EXTERNAL_DATA=0
   if [ -n "${DATA_BIN:-}" ] && [ ! -f "$BIN_DIR/.done" ]; then
-    INPUTS=()
-    CONFIG+=" data=$BIN_DIR"
-  else
-    INPUTS=("$BIN_DIR")
+    EXTERNAL_DATA=1
   fi
+}
+
+# has_checkpoints DIR: DIR holds checkpoints a fairseq-train run would resume from.
+has_checkpoints() {
+  compgen -G "$1/checkpoint*.pt" >/dev/null
 }
 
 # ---- the run --------------------------------------------------------------------------------
@@ -268,7 +274,9 @@ if step_is_done "$CKPT_DIR" "$CONFIG" "${INPUTS[@]}"; then
   log "training $ARCH: already done ($CKPT_DIR/.done, $MAX_UPDATE updates); skipping"
   exit 0
 fi
-if [ "${#INPUTS[@]}" -gt 0 ]; then
+if [ "$EXTERNAL_DATA" = 0 ] && [ -z "${DATA_BIN:-}" ]; then
+  require_step "$BIN_DIR" binarize "$PREP_DIR"  # the recipe's own layout: the data is current
+elif [ "$EXTERNAL_DATA" = 0 ]; then
   require_step "$BIN_DIR" binarize
 else
   require_data_bin "$BIN_DIR" train
@@ -283,15 +291,20 @@ if [ "$NODE_RANK" -gt 0 ]; then
   log "node $NODE_RANK: training finished (node 0 records the run in $CKPT_DIR)"
   exit 0
 fi
+# (node 0 only: the other nodes' processes never hold the save directory's lock)
+if holder=$(dir_in_use "$CKPT_DIR"); then
+  die "$CKPT_DIR is in use by a training run that is still going on (${holder:-holder unknown}); wait for it to end"
+fi
 if [ -f "$CKPT_DIR/.done" ]; then
   log "starting over in $CKPT_DIR"
   step_restart "$CKPT_DIR"
-elif [ ! -f "$CKPT_DIR/checkpoint_last.pt" ]; then
+elif ! has_checkpoints "$CKPT_DIR"; then
   mkdir -p "$CKPT_DIR"
 elif [ ! -f "$CKPT_DIR/.started" ]; then
-  log "resuming from $CKPT_DIR/checkpoint_last.pt (no record of the settings it was trained with)"
+  log "starting over in $CKPT_DIR: its checkpoints have no record of the settings and data they were trained with (no .started; a deleted .done redoes the step)"
+  step_restart "$CKPT_DIR"
 elif step_can_continue "$CKPT_DIR" "$CONFIG" "${INPUTS[@]}"; then
-  log "resuming from $CKPT_DIR/checkpoint_last.pt"
+  log "resuming in $CKPT_DIR (from its newest intact checkpoint)"
 else
   log "starting over in $CKPT_DIR"
   step_restart "$CKPT_DIR"

@@ -49,6 +49,7 @@ from ..builtin_transformer import (
     fairseq_name,
 )
 from ..files.atomic import atomic_write
+from ..files.checkpoints import torch_save
 from ..files.errors import UserError
 from ..paper import BEAM, LENPEN, MAX_LEN_OVER_SOURCE
 
@@ -376,7 +377,7 @@ def export_fairseq_checkpoint(checkpoint: str | os.PathLike, data_dir: str | os.
         raise ExportError(f"{checkpoint}: cannot store {found} in a safely loadable checkpoint")
 
     def write(temp: str) -> None:
-        torch.save(exported, temp)
+        torch_save(exported, temp)  # a full disk: one line, not torch's RuntimeError
         verify_export(Path(temp), ours, task)
 
     atomic_write(output, write)

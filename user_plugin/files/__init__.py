@@ -1,13 +1,22 @@
 """The project's file chores, in one place for the plugin and every script.
 
 * :mod:`.errors`: :class:`UserError` (bad input or files, reported as one line),
-  :func:`first_line`, :func:`run_main` (``prog: error: ...`` and exit status 1) and
-  :func:`file_error` (an ``OSError``/``UnicodeDecodeError`` about a path as one line);
+  :func:`first_line`, :func:`run_main` (``prog: error: ...`` and exit status 1),
+  :func:`file_error` (an ``OSError``/``UnicodeDecodeError`` about a path as one line: a full
+  disk is ``PATH: cannot write (no space left on device)``) and
+  :func:`install_one_line_errors` (the same for commands the project does not own);
 * :mod:`.atomic`: :func:`atomic_write`, :func:`atomic_write_text`, :func:`atomic_copy` (a
-  temporary file beside the destination, then ``os.replace``) and the temporary files' names;
-* :mod:`.text`: :func:`read_lines` and :func:`iter_lines` of UTF-8 text files;
-* :mod:`.checkpoints`: :func:`read_checkpoint` of fairseq checkpoints,
-  :func:`checkpoint_file_problem`, :data:`LOAD_ERRORS`, :class:`CheckpointError`.
+  locked temporary file beside the destination, then ``os.replace``), the temporary files'
+  names, and :func:`remove_stale_temporaries` (those left by killed writes);
+* :mod:`.text`: the line rule (only LF ends a line) for every reader of line-aligned text,
+  :func:`iter_lines`, :func:`split_lines`, :func:`decode_lines`, :func:`single_line`; and
+  :func:`read_lines` (universal newlines) for logs;
+* :mod:`.checkpoints`: :func:`read_checkpoint` of fairseq checkpoints after
+  :func:`checkpoint_file_problem` (format, truncation, every record's CRC-32),
+  :func:`save_checkpoint` (atomic, verified), :func:`torch_save` (a full disk as an
+  ``OSError``), :func:`state_dict_mismatch`, :data:`LOAD_ERRORS`,
+  :class:`CheckpointError`;
+* :mod:`.lock`: :class:`DirectoryLock`, one process at a time in a directory.
 
 Importing this package needs neither torch nor fairseq (reading a checkpoint imports them).
 fairseq sets up logging at INFO and logs a line when it is first imported, unless logging is
@@ -21,29 +30,51 @@ from .atomic import (
     atomic_write,
     atomic_write_text,
     make_temp_dir,
+    remove_stale_temporaries,
     temp_destination,
     temp_name_parts,
 )
-from .checkpoints import LOAD_ERRORS, CheckpointError, checkpoint_file_problem, read_checkpoint
-from .errors import UserError, file_error, first_line, run_main
-from .text import iter_lines, read_lines
+from .checkpoints import (
+    LOAD_ERRORS,
+    CheckpointError,
+    checkpoint_file_problem,
+    checkpoint_integrity_problem,
+    read_checkpoint,
+    save_checkpoint,
+    state_dict_mismatch,
+    torch_save,
+)
+from .errors import UserError, file_error, first_line, install_one_line_errors, run_main
+from .lock import DirectoryInUse, DirectoryLock
+from .text import decode_lines, iter_lines, read_lines, single_line, split_lines
 
 __all__ = [
     "LOAD_ERRORS",
     "TEMP_SUFFIX",
     "CheckpointError",
+    "DirectoryInUse",
+    "DirectoryLock",
     "UserError",
     "atomic_copy",
     "atomic_write",
     "atomic_write_text",
     "checkpoint_file_problem",
+    "checkpoint_integrity_problem",
+    "decode_lines",
     "file_error",
     "first_line",
+    "install_one_line_errors",
     "iter_lines",
     "make_temp_dir",
     "read_checkpoint",
     "read_lines",
+    "remove_stale_temporaries",
     "run_main",
+    "save_checkpoint",
+    "single_line",
+    "split_lines",
+    "state_dict_mismatch",
     "temp_destination",
     "temp_name_parts",
+    "torch_save",
 ]

@@ -7,11 +7,17 @@ files get the usual mode (``0666`` less the umask), not ``mkstemp``'s ``0600``.
 
 All temporary files (and directories) of these writes are named by :func:`temp_name_parts`:
 ``.<destination name>.<random>`` + :data:`TEMP_SUFFIX`, beside the destination, so that one
-left behind by a killed process is recognised by :func:`temp_destination`.
+left behind by a killed process is recognised by :func:`temp_destination`. While a temporary
+file is written its writer holds an advisory lock on it (``flock``), which the kernel drops
+when the writer ends, however it ends: a temporary file that nobody holds is an orphan of a
+killed write. :func:`remove_stale_temporaries` removes those of a directory, and every atomic
+write does it in its destination's directory before it starts, so a killed write's partial
+file (as large as a checkpoint) does not keep a disk full.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -40,6 +46,35 @@ def temp_destination(path: str | os.PathLike) -> Path | None:
     return None if match is None else path.with_name(match.group("destination"))
 
 
+def remove_stale_temporaries(directory: str | os.PathLike) -> list[tuple[Path, int]]:
+    """Remove the temporary files of atomic writes in ``directory`` whose writer has ended
+    (nobody holds their lock); return each removed path with its size. Temporary files being
+    written, directories and every other file are left alone; a directory that cannot be
+    listed is skipped (the write that follows reports the problem)."""
+    removed = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for entry in entries:
+        if temp_destination(entry.name) is None or not entry.is_file(follow_symlinks=False):
+            continue
+        try:
+            handle = os.open(entry.path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            size = os.fstat(handle).st_size
+            os.unlink(entry.path)
+            removed.append((Path(entry.path), size))
+        except OSError:  # held by a live writer (BlockingIOError), or already gone
+            pass
+        finally:
+            os.close(handle)
+    return removed
+
+
 def make_temp_dir(destination: str | os.PathLike) -> Path:
     """A new temporary directory beside ``destination``, for writes that produce several files
     (moved out of it one by one); the caller removes it."""
@@ -62,19 +97,23 @@ def _usual_mode() -> int:
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     """Let ``write(temp_path)`` fill a temporary file next to ``path``, then move it into place.
 
-    The destination's directory is created if missing. An ``OSError`` (here or in ``write``)
-    becomes a one-line :class:`UserError` naming ``path``; any other exception propagates. In
-    both cases the temporary file is removed and ``path`` is untouched.
+    The destination's directory is created if missing, and orphaned temporary files of
+    earlier writes in it are removed first (:func:`remove_stale_temporaries`). The temporary
+    file is locked while it is written. An ``OSError`` (here or in ``write``: a full disk, a
+    read-only file system...) becomes a one-line :class:`UserError` naming ``path``; any other
+    exception propagates. In both cases the temporary file is removed and ``path`` is
+    untouched.
     """
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
     try:
         directory.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(directory)
         handle, temp = tempfile.mkstemp(dir=directory, **temp_name_parts(path))
-        os.close(handle)
     except OSError as error:
         raise file_error(path, error, writing=True) from None
     try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
         write(temp)
         os.chmod(temp, _usual_mode())
         os.replace(temp, path)
@@ -86,6 +125,8 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
         if isinstance(error, OSError):
             raise file_error(path, error, writing=True) from None
         raise
+    finally:
+        os.close(handle)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

@@ -1,9 +1,24 @@
-"""Reading fairseq checkpoint files, with one-line errors that name the file.
+"""Reading, checking and writing fairseq checkpoint files, with one-line errors that name
+the file.
 
-A checkpoint is first sniffed without unpickling it (:func:`checkpoint_file_problem`: empty,
-truncated, foreign format), then loaded to the CPU under torch's ``weights_only`` safe loading
-(the plugin's ``__init__``, run by any import of this package, allow-lists the types fairseq
-checkpoints hold). Whatever goes wrong becomes a :class:`CheckpointError` naming the file.
+A checkpoint is first checked without unpickling it (:func:`checkpoint_file_problem`: empty,
+truncated, foreign format, and :func:`checkpoint_integrity_problem`: every record's CRC-32),
+then loaded to the CPU under torch's ``weights_only`` safe loading (the plugin's
+``registration``, imported before any load, allow-lists the types fairseq checkpoints hold).
+Whatever goes wrong becomes a :class:`CheckpointError` naming the file.
+
+Integrity: ``torch.save`` writes a zip archive (since torch 1.6) in which every record (the
+pickle and each tensor's storage) carries the CRC-32 of its bytes. Reading every record back
+and comparing (``zipfile``'s ``testzip``, streamed in 1 MiB blocks, about as fast as the disk)
+catches flipped, zeroed or overwritten bytes inside an archive whose structure is intact, which
+``torch.load`` itself does not check. No digest file is written beside checkpoints: every
+checkpoint this stack writes (fairseq's saves, the averager, the export) is such an archive,
+and a digest beside it would be lost or left stale by the copies that fairseq, the recipes and
+users make. Files in torch's legacy format (before 1.6) carry no checksum and are only sniffed.
+
+:func:`save_checkpoint` writes one atomically, reports a full disk as one line, and verifies
+the archive before moving it into place. :func:`state_dict_mismatch` says how a checkpoint's
+parameters differ from a model's.
 """
 
 from __future__ import annotations
@@ -11,10 +26,13 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import struct
 import zipfile
-from collections.abc import Sequence
+import zlib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from .atomic import atomic_write
 from .errors import UserError, file_error, first_line
 
 #: What ``torch.load`` and fairseq's checkpoint upgrade raise for truncated, empty, foreign or
@@ -45,12 +63,14 @@ class CheckpointError(UserError):
         super().__init__(f"{path}: {what}")
 
 
-def checkpoint_file_problem(path: str | os.PathLike) -> str | None:
-    """What is visibly wrong with a checkpoint file without unpickling it, or None.
+def checkpoint_file_problem(path: str | os.PathLike, verify: bool = True) -> str | None:
+    """What is wrong with a checkpoint file without unpickling it, or None.
 
     Reads the first bytes and, for a zip, its central directory (at the end of the file): an
     empty file, a foreign format and a truncated zip (a copy or write cut short) are told apart.
-    ``OSError`` (a missing file, a directory...) propagates.
+    With ``verify`` (the default) the records of a zip are then read back and checked against
+    their CRC-32 (:func:`checkpoint_integrity_problem`). ``OSError`` (a missing file, a
+    directory...) propagates.
     """
     path = Path(path)
     size = path.stat().st_size
@@ -61,9 +81,30 @@ def checkpoint_file_problem(path: str | os.PathLike) -> str | None:
     if head == ZIP_MAGIC:
         if not zipfile.is_zipfile(path):
             return f"truncated or corrupt (an incomplete zip archive of {size} bytes)"
-        return None
+        return checkpoint_integrity_problem(path) if verify else None
     if not head.startswith(PICKLE_MAGIC):
         return f"not a PyTorch file (unknown format, starts with {head!r})"
+    return None
+
+
+#: What reading a damaged zip archive raises: a broken header or directory (BadZipFile), a
+#: damaged compressed record (zlib.error), fields that make no sense (struct.error, ValueError,
+#: EOFError, NotImplementedError for an unknown compression method).
+ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, struct.error, ValueError, EOFError,
+              NotImplementedError)
+
+
+def checkpoint_integrity_problem(path: str | os.PathLike) -> str | None:
+    """None when every record of the zip archive ``path`` (a ``torch.save`` file) reads back
+    with the CRC-32 its archive recorded, else what is wrong: a record whose bytes changed, or
+    a damaged archive structure. ``OSError`` (unreadable file) propagates."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except ZIP_ERRORS as error:
+        return f"corrupt: damaged zip archive, {first_line(error)}"
+    if bad is not None:
+        return f"corrupt: record {bad!r} fails its CRC-32 check, its bytes changed after writing"
     return None
 
 
@@ -80,9 +121,23 @@ def _load_error_reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {message.split('. ')[0]}"
 
 
+def load_error(path: str | os.PathLike, error: BaseException, upgrade: bool) -> UserError:
+    """The one-line error for one of :data:`LOAD_ERRORS` raised while loading ``path`` (with
+    fairseq's ``upgrade`` of old layouts, or as saved): a missing, unreadable file names the
+    OS error; a field that fairseq's upgrade did not find means a file that is not a fairseq
+    checkpoint; anything else is a :class:`CheckpointError` with the error's first sentence."""
+    if isinstance(error, (FileNotFoundError, IsADirectoryError, PermissionError)):
+        return file_error(path, error, expected="a checkpoint file")
+    if isinstance(error, KeyError) and upgrade:
+        return CheckpointError(path, f"not a fairseq checkpoint (no {error} entry)")
+    return CheckpointError(path, _load_error_reason(error), unreadable=True)
+
+
 def read_checkpoint(path: str | os.PathLike, upgrade: bool = False, mmap: bool = False,
-                    required: Sequence[str] = ("model",)) -> dict:
-    """Load the fairseq checkpoint ``path`` to the CPU under safe loading.
+                    required: Sequence[str] = ("model",), verify: bool = True) -> dict:
+    """Load the fairseq checkpoint ``path`` to the CPU under safe loading, after checking its
+    integrity (:func:`checkpoint_file_problem`; ``verify=False`` skips the CRC-32 check, for a
+    reader that needs only the configuration of a file checked elsewhere).
 
     ``upgrade`` loads it through fairseq's ``checkpoint_utils.load_checkpoint_to_cpu``, which
     brings checkpoints of older fairseq versions to the current layout (``args`` to ``cfg`` ...)
@@ -95,7 +150,7 @@ def read_checkpoint(path: str | os.PathLike, upgrade: bool = False, mmap: bool =
     :class:`CheckpointError` when it is not a usable checkpoint.
     """
     try:
-        problem = checkpoint_file_problem(path)
+        problem = checkpoint_file_problem(path, verify=verify)
     except OSError as error:
         raise file_error(path, error, expected="a checkpoint file") from None
     if problem is not None:
@@ -106,22 +161,98 @@ def read_checkpoint(path: str | os.PathLike, upgrade: bool = False, mmap: bool =
         if upgrade:
             from fairseq import checkpoint_utils
 
-            state = checkpoint_utils.load_checkpoint_to_cpu(str(path))
+            # fairseq's loader as the plugin may have wrapped it (to verify what it reads): this
+            # file was verified above
+            load = checkpoint_utils.load_checkpoint_to_cpu
+            state = getattr(load, "__wrapped__", load)(str(path))
         else:
             import torch
 
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except KeyError as error:
-        if not upgrade:
-            raise CheckpointError(path, _load_error_reason(error), unreadable=True) from None
-        # fairseq's upgrade of an old checkpoint did not find one of its fields
-        raise CheckpointError(path, f"not a fairseq checkpoint (no {error} entry)") from None
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as error:
-        raise file_error(path, error, expected="a checkpoint file") from None
     except LOAD_ERRORS as error:
-        raise CheckpointError(path, _load_error_reason(error), unreadable=True) from None
+        raise load_error(path, error, upgrade) from None
     entries = state if isinstance(state, dict) else {}
     for key in required:
         if entries.get(key) is None:
             raise CheckpointError(path, f"not a fairseq checkpoint (no {key!r} entry)")
     return state
+
+
+class _WriteErrorRecorder:
+    """A binary file's ``write`` that remembers the first ``OSError`` it raised: ``torch.save``
+    reports a failed write (a full disk) as an uninformative ``RuntimeError`` of its zip
+    writer, and the recorded error says what happened."""
+
+    def __init__(self, handle) -> None:
+        self.handle = handle
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        try:
+            return self.handle.write(data)
+        except OSError as error:
+            self.error = self.error or error
+            raise
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+
+def torch_save(state: dict, path: str | os.PathLike) -> None:
+    """``torch.save(state, path)``, except that a failed write (a full disk...) raises the
+    ``OSError`` that happened, which :func:`~user_plugin.files.atomic.atomic_write` turns into
+    one line, rather than the ``RuntimeError`` of torch's zip writer."""
+    import torch
+
+    with open(path, "wb") as handle:
+        recorder = _WriteErrorRecorder(handle)
+        try:
+            torch.save(state, recorder)
+        except RuntimeError:
+            if recorder.error is not None:
+                raise recorder.error from None
+            raise
+
+
+def save_checkpoint(state: dict, path: str | os.PathLike, verify: bool = True) -> None:
+    """Write ``state`` with ``torch.save`` to ``path`` atomically (a temporary file beside it,
+    then ``os.replace``).
+
+    With ``verify`` (the default) the written archive is read back and checked
+    (:func:`checkpoint_file_problem`) before it is moved into place. A failed write (a full
+    disk, a read-only file system...) or a failed check is a one-line :class:`UserError`
+    naming ``path``; nothing is left behind and ``path`` keeps its old content.
+    """
+
+    def write(temp: str) -> None:
+        torch_save(state, temp)
+        if verify:
+            problem = checkpoint_file_problem(temp)
+            if problem is not None:
+                raise UserError(f"{path}: the written checkpoint does not read back: {problem}")
+
+    atomic_write(path, write)
+
+
+def _shape(tensor) -> list[int]:
+    return list(getattr(tensor, "shape", ()))
+
+
+def state_dict_mismatch(model: Mapping, checkpoint: Mapping, model_name: str = "the model",
+                        checkpoint_name: str = "the checkpoint") -> str | None:
+    """How the parameter names and shapes of a checkpoint's state dict differ from a model's,
+    in one sentence naming the first difference (and both shapes), or None when they agree."""
+    missing = [key for key in model if key not in checkpoint]
+    if missing:
+        return (f"{checkpoint_name} has no parameter {missing[0]!r} that {model_name} has "
+                f"({len(missing)} missing: another architecture?)")
+    extra = [key for key in checkpoint if key not in model]
+    if extra:
+        return (f"{checkpoint_name} has parameter {extra[0]!r} that {model_name} does not have "
+                f"({len(extra)} extra: another architecture?)")
+    for key, tensor in model.items():
+        want, got = _shape(tensor), _shape(checkpoint[key])
+        if want != got:
+            return (f"parameter {key!r} has shape {got} in {checkpoint_name} but {want} in "
+                    f"{model_name} (another vocabulary or architecture?)")
+    return None

@@ -65,3 +65,23 @@ def file_error(path: str | os.PathLike, error: OSError | UnicodeDecodeError, wri
         return UserError(f"{path}: is a directory, expected {expected}")
     action = "write" if writing else "read"
     return UserError(f"{path}: cannot {action} ({_os_reason(error)})")
+
+
+def install_one_line_errors() -> None:
+    """Report a :class:`UserError` that nothing caught as ``prog: error: ...`` (one line,
+    exit status 1) instead of a traceback, in any command that imported the plugin (fairseq's
+    ``fairseq-train``, ``fairseq-generate``...). Other exceptions keep the current hook.
+    Idempotent."""
+    previous = sys.excepthook
+    if getattr(previous, "one_line_user_errors", False):
+        return
+
+    def hook(kind, error, traceback) -> None:
+        if isinstance(error, UserError):
+            prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+            print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
+        else:
+            previous(kind, error, traceback)
+
+    hook.one_line_user_errors = True  # type: ignore[attr-defined]
+    sys.excepthook = hook

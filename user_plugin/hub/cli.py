@@ -6,16 +6,34 @@ Decoding is the paper's (beam 4, GNMT alpha 0.6, source + 50) unless options say
 and ``--constraints`` reads each input line as ``source<TAB>phrase<TAB>phrase...`` (as
 ``fairseq-interactive --constraints`` does), the phrases being raw target text the translation
 must contain.
+
+Standard input is read by the project's line rule (only LF ends a line, as ``wc -l`` counts):
+one output line per input line, whatever CR, form feed, NEL or U+2028 a sentence holds. Input
+that is not UTF-8 is refused with one line before anything is translated.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
+import warnings
 from collections.abc import Sequence
+from typing import IO
 
-from ..files.errors import UserError
+from ..files.errors import UserError, file_error
+from ..files.text import decode_lines, split_lines
 from .loader import load_translator
+
+
+def read_input_lines(stream: IO) -> list[str]:
+    """The lines of ``stream`` (standard input) by the project's line rule, decoded as UTF-8
+    from its bytes when it has them; a :class:`UserError` when they are not UTF-8."""
+    binary = getattr(stream, "buffer", None)
+    if binary is not None:
+        return decode_lines(binary.read(), "standard input")
+    return split_lines(stream.read())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -43,6 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--seed", type=int, help="makes sampling repeatable")
     args = parser.parse_args(argv)
+    # stderr carries warnings and errors only: fairseq sets up logging at INFO when imported,
+    # and its batch iterator asks for pinned memory, which torch warns about on a CPU
+    logging.getLogger().setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*'pin_memory' argument is set as true")
     try:
         translator = load_translator(
             args.model_dir, checkpoints=args.checkpoints, data_dir=args.data_dir,
@@ -50,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             bpe_codes=args.bpe_codes, sentencepiece_model=args.sentencepiece_model,
             beam=args.beam, lenpen=args.lenpen, batch_size=args.batch_size,
         )
-        lines = [line.rstrip("\n") for line in sys.stdin]
+        lines = read_input_lines(sys.stdin)
         constraints = None
         if args.constraints:
             fields = [line.split("\t") for line in lines]
@@ -64,7 +86,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UserError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    for output in outputs:
-        for text in [output] if args.nbest == 1 else output:
-            print(text)
+    try:
+        for output in outputs:
+            for text in [output] if args.nbest == 1 else output:
+                sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    except OSError as error:  # a full disk, a closed pipe...
+        print(f"error: {file_error('standard output', error, writing=True)}", file=sys.stderr)
+        _silence_stdout()
+        return 2
     return 0
+
+
+def _silence_stdout() -> None:
+    """Point standard output at /dev/null, so that the interpreter's final flush of what could
+    not be written raises nothing more."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass

@@ -11,7 +11,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..files.checkpoints import LOAD_ERRORS, CheckpointError, read_checkpoint
+from ..files.checkpoints import LOAD_ERRORS, CheckpointError, read_checkpoint, state_dict_mismatch
 from ..files.errors import UserError, first_line
 from ..tasks.vaswani_translation import TASK_NAME
 from .errors import HubError
@@ -53,8 +53,23 @@ def setup_task(task_cfg, data_dir: Path, source_lang: str, target_lang: str,
         ) from None
 
 
+def parameter_mismatch(task, state: dict) -> str | None:
+    """How a checkpoint's parameters differ from those of the model its configuration builds on
+    ``task`` (the dictionaries of the data directory), naming the first parameter and both
+    shapes; None when they agree or the model cannot be built."""
+    try:
+        model = task.build_model(state["cfg"].model)
+    except LOAD_ERRORS:
+        return None
+    data = getattr(task.cfg, "data", "the data directory")
+    return state_dict_mismatch(model.state_dict(), state["model"],
+                               f"the model for the dictionaries of {data}", "the checkpoint")
+
+
 def build_models(task, paths: Sequence[Path], states: Sequence[dict], device: str) -> list:
-    """The model of each checkpoint (already read into ``states``), on ``device``, in eval mode."""
+    """The model of each checkpoint (already read into ``states``), on ``device``, in eval
+    mode. A checkpoint that does not fit (another vocabulary than the dictionaries...) is a
+    :class:`HubError` naming the first mismatched parameter and both shapes."""
     from fairseq import checkpoint_utils
 
     models = []
@@ -64,9 +79,8 @@ def build_models(task, paths: Sequence[Path], states: Sequence[dict], device: st
                 [str(path)], task=task, state=state
             )
         except LOAD_ERRORS as exc:
-            raise HubError(
-                f"cannot build the model of {path}: {first_line(exc, with_type=True)}"
-            ) from None
+            reason = parameter_mismatch(task, state) or first_line(exc, with_type=True)
+            raise HubError(f"cannot build the model of {path}: {reason}") from None
         model = loaded[0].to(device)
         model.eval()
         models.append(model)

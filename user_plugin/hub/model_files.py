@@ -16,12 +16,15 @@ in the data directory (:func:`language_pair`).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import HubError
+
+logger = logging.getLogger(__name__)
 
 CHECKPOINT_NAMES = ("checkpoint_best.pt", "checkpoint_last.pt", "model.pt")
 BPE_CODES_NAMES = ("bpecodes", "codes", "code")
@@ -87,18 +90,40 @@ def find_model_files(
     return ModelFiles(paths, data_path, bpe_path, spm_path)
 
 
+def trained_direction(task_cfg: Mapping, data_dir: Path) -> tuple[str, str] | None:
+    """The (source, target) a checkpoint was trained on: its task configuration's languages,
+    else those of the binarized files (``train.<src>-<tgt>.*``) of its own data directory if it
+    is still there, else of ``data_dir``; None when nothing tells."""
+    from fairseq.data import data_utils
+
+    saved = (task_cfg.get("source_lang"), task_cfg.get("target_lang"))
+    if None not in saved:
+        return saved
+    for directory in (task_cfg.get("data"), data_dir):
+        if directory and Path(str(directory).split(":")[0]).is_dir():
+            inferred = data_utils.infer_language_pair(str(directory).split(":")[0])
+            if None not in inferred:
+                return inferred[0], inferred[1]
+    return None
+
+
 def language_pair(
     data_dir: Path, source_lang: str | None, target_lang: str | None,
     task_cfg: Mapping | None = None,
 ) -> tuple[str, str]:
     """The (source, target) languages: the given ones, else the checkpoint's task
     configuration's, else those of the binarized files in ``data_dir``. Both dictionaries
-    ``dict.<lang>.txt`` must be in ``data_dir``."""
+    ``dict.<lang>.txt`` must be in ``data_dir``. A direction other than the checkpoint's is
+    logged as a warning (a model trained en->de given de->en translates badly, silently)."""
     from fairseq.data import data_utils
 
     saved = task_cfg or {}
     src = source_lang or saved.get("source_lang")
     tgt = target_lang or saved.get("target_lang")
+    trained = trained_direction(saved, data_dir)
+    if trained is not None and (src, tgt) != trained:
+        logger.warning(f"translating {src}->{tgt}, but the checkpoint was trained "
+                       f"{trained[0]}->{trained[1]}")
     if src is None or tgt is None:
         inferred = data_utils.infer_language_pair(str(data_dir))
         src, tgt = src or inferred[0], tgt or inferred[1]

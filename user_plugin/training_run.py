@@ -1,0 +1,343 @@
+"""A training run's save directory: one writer, final means final, intact resumes, no orphans.
+
+fairseq-train keeps a run's whole state in its ``--save-dir``; a rerun of the same command
+resumes from ``checkpoint_last.pt``. :func:`install_training_run_guards` (run when the plugin is
+imported) wraps four of fairseq's ``checkpoint_utils`` functions, which ``fairseq_cli.train``
+and the trainer look up there at call time, so that:
+
+* **One writer per save directory.** The process of global rank 0 takes the directory's lock
+  (:class:`~user_plugin.files.lock.DirectoryLock`, :data:`LOCK_NAME`) when fairseq first
+  checks the directory, before anything is built or written; a second training on the same
+  directory stops there with one line naming the holder, and changes nothing. Other ranks never
+  touch the lock. A killed run's lock is released by the kernel, and the next run takes it over
+  and says so.
+* **No orphans.** Holding the lock, rank 0 removes what killed saves left behind: temporary
+  files of the plugin's atomic writes and fairseq's ``checkpoint*.pt.tmp``.
+* **Final means final.** Before loading, rank 0 reads the checkpoint fairseq would resume from.
+  When it already reached ``--max-update`` (or ends epoch ``--max-epoch``), every rank stops at
+  once with exit status 0 and one line: nothing is loaded into the trainer and nothing is
+  written, so every file stays byte-identical. ``--reset-optimizer`` (the update count starts
+  again from 0) and ``--reset-dataloader`` (the epochs do) make it a new phase of training,
+  which runs.
+* **Intact resumes.** That checkpoint is verified first (zip CRC-32s,
+  :func:`~user_plugin.files.checkpoints.checkpoint_file_problem`). A damaged or missing
+  ``checkpoint_last.pt`` next to other checkpoints makes the run resume from the newest intact
+  one, saying which; with none intact it stops with one line. A checkpoint whose parameters do
+  not fit the model being trained (another vocabulary...) is one line naming the parameter and
+  both shapes, not a traceback.
+* **Saves fail in one line.** Checkpoints are written by
+  :func:`~user_plugin.files.checkpoints.save_checkpoint` (atomic; a full disk is one line and
+  leaves no partial file; the previous checkpoints stay intact).
+* **Every checkpoint fairseq reads is verified**, in every command that loads the plugin
+  (``fairseq-generate``, ``fairseq-interactive``...): a damaged, truncated or foreign file is
+  one line naming it.
+
+Rank 0 decides and broadcasts its decision, so every rank of a distributed run does the same.
+Checkpoints with a suffix (sharded or model-parallel states) and an explicit ``--restore-file``
+are verified but never replaced by another checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+import os
+import re
+from pathlib import Path
+
+from .files.checkpoints import (
+    LOAD_ERRORS,
+    CheckpointError,
+    checkpoint_file_problem,
+    load_error,
+    save_checkpoint,
+    state_dict_mismatch,
+)
+from .files.errors import UserError, file_error
+from .files.lock import DirectoryLock
+
+logger = logging.getLogger(__name__)
+
+#: The lock file of a save directory (not a checkpoint name fairseq or the averager matches).
+LOCK_NAME = ".vaswani-train.lock"
+LAST = "checkpoint_last.pt"
+#: fairseq's own temporary checkpoint files: ``torch_persistent_save`` writes ``NAME.tmp``.
+FAIRSEQ_TEMP = re.compile(r"checkpoint.*\.pt\.tmp")
+#: Checkpoints a run can resume from, besides ``checkpoint_last.pt``.
+RESUMABLE = re.compile(r"checkpoint(\d+|_\d+_\d+|_best|\.best_.+)\.pt")
+
+_locks: dict[Path, DirectoryLock] = {}
+_verified: dict[Path, tuple[int, int]] = {}
+
+
+# ---------------------------------------------------------------------------------------------
+# The save directory: lock and orphans
+
+
+def claim_save_dir(save_dir: str | os.PathLike) -> DirectoryLock:
+    """Take the lock of ``save_dir`` for this process (once; later calls return it) and remove
+    the orphaned temporary files in it. Raises
+    :class:`~user_plugin.files.lock.DirectoryInUse` when another live run holds it."""
+    directory = Path(save_dir).resolve()
+    if directory in _locks and _locks[directory].held:
+        return _locks[directory]
+    lock = DirectoryLock.acquire(directory, LOCK_NAME, "training run")
+    _locks[directory] = lock
+    if lock.previous_holder:
+        logger.info(f"took over the lock of {directory}: its holder ended without releasing it "
+                    f"({lock.previous_holder})")
+    for path, size in remove_orphans(directory):
+        logger.info(f"removed {path.name} ({size:,} bytes), a partial file of a killed save")
+    return lock
+
+
+def remove_orphans(directory: Path) -> list[tuple[Path, int]]:
+    """Remove the temporary files that killed saves left in ``directory`` (ours, and fairseq's
+    ``checkpoint*.pt.tmp``, which nothing else writes while the lock is held); return them
+    with their sizes."""
+    from .files.atomic import remove_stale_temporaries
+
+    removed = remove_stale_temporaries(directory)
+    for entry in os.scandir(directory):
+        if FAIRSEQ_TEMP.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+            size = entry.stat().st_size
+            try:
+                os.unlink(entry.path)
+            except FileNotFoundError:
+                continue
+            removed.append((Path(entry.path), size))
+    return removed
+
+
+# ---------------------------------------------------------------------------------------------
+# What to resume from
+
+
+def verified_problem(path: Path) -> str | None:
+    """:func:`checkpoint_file_problem` of ``path``, remembered while the file is unchanged (a
+    resume reads the file it has just checked)."""
+    stat = path.stat()
+    key = (stat.st_size, stat.st_mtime_ns)
+    if _verified.get(path) == key:
+        return None
+    problem = checkpoint_file_problem(path)
+    if problem is None:
+        _verified[path] = key
+    return problem
+
+
+def read_metadata(path: Path) -> dict | None:
+    """The checkpoint's state with its tensors memory-mapped (nothing large is read; a file in
+    torch's legacy format, which cannot be mapped, is read), or None when it cannot be
+    loaded."""
+    import torch
+
+    for mmap in (True, False):
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        except LOAD_ERRORS:
+            continue
+        return state if isinstance(state, dict) else None
+    return None
+
+
+def num_updates(state: dict) -> int:
+    history = state.get("optimizer_history") or [{}]
+    return int(history[-1].get("num_updates", 0) or 0)
+
+
+def finished_reason(state: dict, path: Path, checkpoint_cfg, optimization_cfg) -> str | None:
+    """Why resuming ``state`` (read from ``path``) would train nothing more, or None: it
+    reached ``--max-update``, or it ends epoch ``--max-epoch``. ``--reset-optimizer`` restarts
+    the update count and ``--reset-dataloader`` the epochs, so they make the run go on."""
+    max_update = optimization_cfg.max_update or 0
+    updates = num_updates(state)
+    if max_update > 0 and not checkpoint_cfg.reset_optimizer and updates >= max_update:
+        return f"{path} holds update {updates} and --max-update is {max_update}"
+    max_epoch = optimization_cfg.max_epoch or 0
+    # fairseq saves the end of epoch E as the start of epoch E + 1 (its iterator's state_dict)
+    iterator = (state.get("extra_state") or {}).get("train_iterator") or {}
+    next_epoch = int(iterator.get("epoch", 1))
+    if max_epoch > 0 and not checkpoint_cfg.reset_dataloader and next_epoch > max_epoch:
+        return f"{path} holds the end of epoch {next_epoch - 1} and --max-epoch is {max_epoch}"
+    return None
+
+
+def newest_intact(directory: Path, exclude: Path) -> tuple[Path, dict] | None:
+    """The checkpoint of ``directory`` (other than ``exclude``) with the most updates whose
+    integrity holds, and its state; damaged ones on the way are logged."""
+    candidates = []
+    for entry in os.scandir(directory):
+        path = Path(entry.path)
+        if path != exclude and RESUMABLE.fullmatch(entry.name) and entry.is_file():
+            state = read_metadata(path)
+            updates = num_updates(state) if state is not None else -1
+            interval_first = 0 if "best" in entry.name else 1
+            candidates.append((updates, interval_first, entry.name, path, state))
+    for _, _, _, path, state in sorted(candidates, key=lambda c: c[:3], reverse=True):
+        problem = "cannot be loaded" if state is None else verified_problem(path)
+        if problem is None:
+            return path, state
+        logger.warning(f"{path} is not usable either: {problem}")
+    return None
+
+
+def plan_resume(cfg, trainer) -> dict:
+    """Rank 0's decision for ``load_checkpoint``: ``{"finished": line}``, ``{"error": line}``,
+    or ``{"restore": path or None}`` (None: fairseq's own choice)."""
+    suffix = trainer.checkpoint_suffix
+    save_dir = Path(cfg.save_dir)
+    default = cfg.restore_file == LAST
+    path = save_dir / f"checkpoint_last{suffix}.pt" if default else Path(cfg.restore_file)
+    if default and (cfg.finetune_from_model or getattr(cfg, "continue_once", None)) \
+            and not path.exists():
+        return {"restore": None}  # fairseq starts from the pretrained model
+    restore = None
+    if path.is_file():
+        try:
+            problem = verified_problem(path)
+        except OSError as error:
+            return {"error": str(file_error(path, error, expected="a checkpoint file"))}
+        state = read_metadata(path) if problem is None else None
+        if state is None:
+            problem = problem or "cannot be loaded"
+            if not default or suffix:
+                return {"error": f"{path}: not a usable checkpoint ({problem})"}
+            logger.warning(f"{path} is not usable: {problem}")
+            found = newest_intact(save_dir, path)
+            if found is None:
+                return {"error": f"{path}: not a usable checkpoint ({problem}) and no other "
+                                 f"checkpoint in {save_dir} is intact: move the damaged files "
+                                 "away to start over"}
+            restore, state = found
+            logger.warning(f"resuming from the newest intact checkpoint instead: {restore} "
+                           f"(update {num_updates(state)})")
+    elif default and not suffix and save_dir.is_dir():
+        found = newest_intact(save_dir, path)
+        if found is None:
+            return {"restore": None}
+        restore, state = found
+        logger.warning(f"{path} is missing; resuming from the newest intact checkpoint: "
+                       f"{restore} (update {num_updates(state)})")
+    else:
+        return {"restore": None}
+    source = restore or path
+    finished = finished_reason(state, source, cfg, trainer.cfg.optimization)
+    if finished is not None:
+        return {"finished": f"training already finished: {finished}; nothing was loaded or "
+                            "written (to train again, use another --save-dir)"}
+    # shapes of the parameters both have (fairseq's load may still rename old checkpoints'
+    # keys, and reports any other difference itself)
+    saved = state.get("model") or {}
+    model = {key: value for key, value in trainer.get_model().state_dict().items()
+             if key in saved}
+    mismatch = state_dict_mismatch(model, {key: saved[key] for key in model},
+                                   "the model being trained", "the checkpoint")
+    if mismatch is not None:
+        return {"error": f"{source}: cannot resume: {mismatch}; train into another --save-dir"}
+    return {"restore": None if restore is None else str(restore)}
+
+
+# ---------------------------------------------------------------------------------------------
+# The wrappers
+
+
+def _is_global_master(trainer) -> bool:
+    from fairseq.distributed import utils as distributed_utils
+
+    return distributed_utils.is_master(trainer.cfg.distributed_training)
+
+
+def _guarded_load_checkpoint(load_checkpoint):
+    @functools.wraps(load_checkpoint)
+    def load(cfg, trainer, **passthrough_args):
+        from fairseq.distributed import utils as distributed_utils
+
+        if _is_global_master(trainer):
+            claim_save_dir(cfg.save_dir)
+        plan = plan_resume(cfg, trainer) if trainer.data_parallel_rank == 0 else None
+        if trainer.data_parallel_world_size > 1:
+            plan = distributed_utils.broadcast_object(
+                plan, src_rank=0, group=trainer.data_parallel_process_group,
+                dist_device=trainer.device)
+        if "finished" in plan:
+            logger.info(plan["finished"])
+            raise SystemExit(0)
+        if "error" in plan:
+            raise UserError(plan["error"])
+        if plan["restore"] is not None:
+            cfg = copy.deepcopy(cfg)
+            from omegaconf import open_dict
+
+            with open_dict(cfg):
+                cfg.restore_file = plan["restore"]
+        return load_checkpoint(cfg, trainer, **passthrough_args)
+
+    return load
+
+
+def _locking_verify_checkpoint_directory(verify_checkpoint_directory):
+    @functools.wraps(verify_checkpoint_directory)
+    def verify(save_dir: str) -> None:
+        claim_save_dir(save_dir)
+        verify_checkpoint_directory(save_dir)
+
+    return verify
+
+
+def _one_line_torch_persistent_save(torch_persistent_save):
+    @functools.wraps(torch_persistent_save)
+    def persistent_save(obj, filename, async_write: bool = False):
+        from fairseq.file_io import PathManager
+
+        if async_write or PathManager.path_requires_pathmanager(filename):
+            return torch_persistent_save(obj, filename, async_write=async_write)
+        try:
+            save_checkpoint(obj, filename, verify=False)
+        except UserError as error:
+            raise UserError(f"{error}; nothing was written, the checkpoints saved before are "
+                            "intact: rerun the same command to resume") from None
+        return None
+
+    return persistent_save
+
+
+def _verifying_load_checkpoint_to_cpu(load_checkpoint_to_cpu):
+    @functools.wraps(load_checkpoint_to_cpu)
+    def load_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
+        local = Path(path)
+        if not local.is_file():  # a remote path, or fairseq's own error for a missing file
+            return load_checkpoint_to_cpu(path, arg_overrides=arg_overrides,
+                                          load_on_all_ranks=load_on_all_ranks)
+        problem = verified_problem(local)
+        if problem is not None:
+            raise CheckpointError(local, problem, unreadable=True)
+        try:
+            return load_checkpoint_to_cpu(path, arg_overrides=arg_overrides,
+                                          load_on_all_ranks=load_on_all_ranks)
+        except LOAD_ERRORS as error:
+            raise load_error(local, error, upgrade=True) from None
+
+    return load_to_cpu
+
+
+def install_training_run_guards() -> None:
+    """Wrap fairseq's ``checkpoint_utils.verify_checkpoint_directory``, ``load_checkpoint``,
+    ``torch_persistent_save`` and ``load_checkpoint_to_cpu`` (see the module docstring), and
+    report the plugin's one-line errors without a traceback. Idempotent."""
+    from fairseq import checkpoint_utils
+
+    from .files.errors import install_one_line_errors
+
+    if getattr(checkpoint_utils, "vaswani_training_run_guards", False):
+        return
+    checkpoint_utils.verify_checkpoint_directory = _locking_verify_checkpoint_directory(
+        checkpoint_utils.verify_checkpoint_directory)
+    checkpoint_utils.load_checkpoint = _guarded_load_checkpoint(checkpoint_utils.load_checkpoint)
+    checkpoint_utils.torch_persistent_save = _one_line_torch_persistent_save(
+        checkpoint_utils.torch_persistent_save)
+    checkpoint_utils.load_checkpoint_to_cpu = _verifying_load_checkpoint_to_cpu(
+        checkpoint_utils.load_checkpoint_to_cpu)
+    checkpoint_utils.vaswani_training_run_guards = True
+    install_one_line_errors()
