@@ -13,7 +13,14 @@ import sys
 import pytest
 import torch
 from cli import REPO, USER_DIR, fairseq_env, hypotheses, run_fairseq
-from conftest import SHIPPING_VARIANTS, TINY, build_vaswani, fake_task, make_dictionary
+from conftest import (
+    SHIPPING_VARIANTS,
+    TINY,
+    build_vaswani,
+    fake_task,
+    make_dictionary,
+    our_checkpoint_with,
+)
 
 from user_plugin.export.fairseq_checkpoint import (
     OPTION_MAPPING,
@@ -130,19 +137,6 @@ def test_sinusoids_become_the_learned_table_from_fairseq_padding_offset(shipping
     assert table.shape == (positions + pad + 1, dim)
     assert torch.equal(table[: pad + 1], torch.zeros(pad + 1, dim))
     assert torch.equal(table[pad + 1:], sinusoidal_table(positions, dim))
-
-
-def our_checkpoint_with(source, output, **model_options) -> None:
-    """A checkpoint like ``source`` with other model options (and weights to match)."""
-    state = torch.load(source, map_location="cpu", weights_only=True)
-    state["cfg"]["model"].update(model_options)
-    if state["cfg"]["model"]["_name"].startswith("vaswani"):
-        dictionary = make_dictionary(state["model"]["encoder.embed_tokens.weight"].size(0))
-        cfg = VaswaniTransformerConfig(**{key: value for key, value in
-                                          state["cfg"]["model"].items() if key != "_name"})
-        model = VaswaniTransformerModel.build_model(cfg, fake_task(dictionary))
-        state["model"] = model.state_dict()
-    torch.save(state, output)
 
 
 def test_row_b_model_is_refused_with_one_line(shipping_models, tmp_path):

@@ -24,6 +24,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lenpen", type=float, default=0.6)
     parser.add_argument("--nbest", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--backend", choices=("fairseq", "ctranslate2"), default="fairseq",
+                        help="ctranslate2: MODEL_DIR is an export of python -m "
+                        "user_plugin.export --to ctranslate2")
     args = parser.parse_args(argv)
     try:
         translator = load_translator(
@@ -31,6 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             source_lang=args.source_lang, target_lang=args.target_lang,
             bpe_codes=args.bpe_codes, sentencepiece_model=args.sentencepiece_model,
             beam=args.beam, lenpen=args.lenpen, batch_size=args.batch_size,
+            backend=args.backend,
         )
         lines = [line.rstrip("\n") for line in sys.stdin]
         outputs = translator.translate(lines, nbest=args.nbest)

@@ -19,7 +19,47 @@ def max_source_tokens(max_positions) -> int | None:
     return None if max_positions is None else int(max_positions)
 
 
-class Translator:
+class TextTranslator:
+    """Raw text in, raw text out, around a :meth:`translate_tokens` of model tokens: the text
+    pipeline shared by the hub's backends (fairseq's beam search, CTranslate2)."""
+
+    codec: TextCodec
+
+    def translate_tokens(
+        self, lines: Sequence[str], nbest: int = 1, beam: int | None = None,
+        lenpen: float | None = None,
+    ) -> list[list[dict]]:
+        """Per encoded line, ``nbest`` dicts best first with the ``tokens`` string."""
+        raise NotImplementedError
+
+    def translate(
+        self, sentences: str | Sequence[str], nbest: int = 1, beam: int | None = None,
+        lenpen: float | None = None,
+    ):
+        """Translate raw text.
+
+        ``translate("s")`` -> str; ``translate("s", nbest=k)`` -> k strings (best first);
+        ``translate([...])`` -> one str (or one list of k strings) per sentence. An empty (or
+        blank) sentence gives an empty translation without decoding. A sentence longer than the
+        model's source positions is a ``ValueError`` naming it, raised before any decoding.
+        """
+        single = isinstance(sentences, str)
+        lines = [sentences] if single else list(sentences)
+        encoded = [self.codec.encode(line) for line in lines]
+        # An empty line translates to an empty line (not decoded), so outputs stay aligned.
+        kept = [i for i, line in enumerate(encoded) if line.strip()]
+        hypos = self.translate_tokens(
+            [encoded[i] for i in kept], nbest=nbest, beam=beam, lenpen=lenpen
+        )
+        outputs = [[""] * nbest for _ in lines]
+        for i, per_line in zip(kept, hypos):
+            outputs[i] = [self.codec.decode(h["tokens"]) for h in per_line]
+        if nbest == 1:
+            outputs = [per_line[0] for per_line in outputs]
+        return outputs[0] if single else outputs
+
+
+class Translator(TextTranslator):
     """An ensemble of checkpoints with its task, dictionaries and text pre/post-processing.
 
     :meth:`translate_tokens` decodes lines of model tokens; :meth:`translate` wraps it with the
@@ -112,29 +152,3 @@ class Translator:
                         for hypo in sentence_hypos[:nbest]
                     ]
         return [results[i] for i in range(len(tokens))]
-
-    def translate(
-        self, sentences: str | Sequence[str], nbest: int = 1, beam: int | None = None,
-        lenpen: float | None = None,
-    ):
-        """Translate raw text.
-
-        ``translate("s")`` -> str; ``translate("s", nbest=k)`` -> k strings (best first);
-        ``translate([...])`` -> one str (or one list of k strings) per sentence. An empty (or
-        blank) sentence gives an empty translation without decoding. A sentence longer than the
-        model's source positions is a ``ValueError`` naming it, raised before any decoding.
-        """
-        single = isinstance(sentences, str)
-        lines = [sentences] if single else list(sentences)
-        encoded = [self.codec.encode(line) for line in lines]
-        # An empty line translates to an empty line (not decoded), so outputs stay aligned.
-        kept = [i for i, line in enumerate(encoded) if line.strip()]
-        hypos = self.translate_tokens(
-            [encoded[i] for i in kept], nbest=nbest, beam=beam, lenpen=lenpen
-        )
-        outputs = [[""] * nbest for _ in lines]
-        for i, per_line in zip(kept, hypos):
-            outputs[i] = [self.codec.decode(h["tokens"]) for h in per_line]
-        if nbest == 1:
-            outputs = [per_line[0] for per_line in outputs]
-        return outputs[0] if single else outputs
