@@ -1,6 +1,6 @@
 # shellcheck shell=bash
-# Shared functions of the recipes (sourced, not run): logging, the virtual environment, paths,
-# downloads with verification, and step markers.
+# Shared functions of the recipes (sourced, not run): logging, the virtual environment and the
+# paper's settings, language pairs, paths, devices, decoding options, step markers, downloads.
 #
 # Step markers. A step writes its outputs into its own directory and, only once everything is
 # there, a marker "<dir>/.done" listing:
@@ -11,13 +11,21 @@
 # A later run skips the step when the marker exists, the settings are the same, every upstream
 # step is still the run it read from, and every output exists with its recorded size. Otherwise
 # the step is redone from scratch (its directory is emptied first): a step interrupted half-way,
-# or whose outputs were partly deleted, never counts as done.
+# or whose outputs were partly deleted, never counts as done. Upstream steps are recognised by
+# the id of their run, in the order they are given, not by their path, so a directory of
+# finished steps can be moved or copied and stays finished.
+#
+# A step that keeps partial work when it is interrupted (training continues from its last
+# checkpoint) also records, before it starts, the settings and upstream runs it started with
+# in "<dir>/.started" (same format, no outputs): a later run continues that work only when they
+# are still the same (step_begin, step_can_continue).
 
 RECIPES_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(cd "$RECIPES_DIR/.." && pwd)
 PLUGIN_DIR="$REPO_DIR/user_plugin"
 SCRIPTS_DIR="$REPO_DIR/scripts"
 PREPARE_TEXT="$SCRIPTS_DIR/prepare_text.py"
+PAIRS_DIR="$RECIPES_DIR/pairs"
 STEP_NAME=${STEP_NAME:-recipe}
 
 # log MESSAGE...: a timestamped progress line on stderr.
@@ -43,7 +51,8 @@ num_cpus() {
 }
 
 # activate_venv: use $VENV (default <repo>/.venv) when it exists; otherwise the current PATH,
-# which must then provide fairseq. An already active virtual environment is kept.
+# which must then provide fairseq. An already active virtual environment is kept. Then reads
+# the paper's settings (paper_constants).
 activate_venv() {
   local venv=${VENV:-$REPO_DIR/.venv}
   if [ -n "${VIRTUAL_ENV:-}" ]; then
@@ -55,6 +64,17 @@ activate_venv() {
   command -v fairseq-train >/dev/null 2>&1 \
     || die "fairseq-train not found: run scripts/setup_venv.sh (or set VENV to a virtualenv)"
   export PYTHONUNBUFFERED=1
+  paper_constants
+}
+
+# paper_constants: the paper's training and decoding settings as PAPER_<NAME> variables
+# (PAPER_BASE_TRAIN_STEPS, PAPER_WARMUP_STEPS, PAPER_BEAM, ...). They are defined once, in
+# user_plugin/paper.py, which prints them when run as a script (no fairseq import: fast).
+paper_constants() {
+  local assignments
+  assignments=$(python "$PLUGIN_DIR/paper.py") \
+    || die "cannot read the paper's settings (python $PLUGIN_DIR/paper.py failed)"
+  eval "$assignments"
 }
 
 # require_int NAME: die unless the variable NAME holds a non-negative integer.
@@ -73,51 +93,120 @@ file_size() {
   wc -c < "$1" | tr -d ' '
 }
 
-# --------------------------------------------------------------------------------------------
-# Paths of one language pair's run. Needs SRC_LANG, TGT_LANG, PAIR_NAME (from a pair config).
+# absolute_path PATH: PATH taken from the current directory and normalised (".", "..", "//")
+# without resolving symbolic links, as `cd PATH && pwd` gives it; PATH need not exist.
+absolute_path() {
+  case "$1" in
+    /*) realpath -m -s -- "$1" ;;
+    *) realpath -m -s -- "$PWD/$1" ;;
+  esac
+}
 
-# setup_paths: WORK_DIR (default <repo>/work_dirs/$PAIR_NAME) and the step directories.
-# The data steps are shared by all models; MODEL (base|big) has its own run directory.
+# --------------------------------------------------------------------------------------------
+# Language pairs: one file each, recipes/pairs/<pair>.sh, setting
+#   SRC_LANG, TGT_LANG   the languages (fairseq's suffixes)
+#   SUBWORD              bpe (joint BPE, subword-nmt) or sentencepiece
+#   BIG_ARCH             the big model's architecture for this pair
+#   TRAIN_CORPORA, DEV_SET, TEST_SET   what the prepare step downloads and verifies
+
+# known_pairs: the names of the language pairs, space-separated.
+known_pairs() {
+  local file
+  local -a names=()
+  for file in "$PAIRS_DIR"/*.sh; do
+    names+=("$(basename "$file" .sh)")
+  done
+  echo "${names[*]}"
+}
+
+# load_pair [PAIR]: read the settings of the language pair PAIR (the argument, else the variable
+# PAIR) and set PAIR and PAIR_NAME to its name. A missing or unknown pair is one error line
+# naming the known ones.
+load_pair() {
+  [ $# -le 1 ] || die "usage: bash $0 PAIR, with PAIR one of: $(known_pairs) (got: $*)"
+  PAIR=${1:-${PAIR:-}}
+  [ -n "$PAIR" ] || die "usage: bash $0 PAIR, with PAIR one of: $(known_pairs)"
+  if [[ ! "$PAIR" =~ ^[A-Za-z0-9_-]+$ ]] || [ ! -f "$PAIRS_DIR/$PAIR.sh" ]; then
+    die "unknown language pair '$PAIR'; the known ones: $(known_pairs) (recipes/pairs/<pair>.sh)"
+  fi
+  # shellcheck disable=SC1090
+  source "$PAIRS_DIR/$PAIR.sh"
+  PAIR_NAME=$PAIR
+}
+
+# start_pair_run [PAIR]: the start of a script that works on a language pair: its settings
+# (load_pair), the virtual environment and the paper's settings (activate_venv), the step
+# directories (setup_paths).
+start_pair_run() {
+  load_pair "$@"
+  activate_venv
+  setup_paths
+}
+
+# --------------------------------------------------------------------------------------------
+# Paths of one language pair's run. Needs SRC_LANG, TGT_LANG, PAIR_NAME (load_pair).
+
+# setup_paths: the directories of the steps, all absolute; nothing is created.
+#   WORK_DIR [<repo>/work_dirs/$PAIR_NAME]: PREP_DIR (prepare) and, by default, BIN_DIR
+#   BIN_DIR = DATA_BIN [$WORK_DIR/data-bin]: binarize; the data steps serve every model
+#   RUN_DIR [$WORK_DIR/$MODEL]: one model's run, MODEL base or big [base]: CKPT_DIR (train),
+#     AVG_DIR (average), GEN_DIR (generate), SCORE_DIR (score)
 setup_paths() {
-  WORK_DIR=${WORK_DIR:-$REPO_DIR/work_dirs/$PAIR_NAME}
-  mkdir -p "$WORK_DIR"
-  WORK_DIR=$(cd "$WORK_DIR" && pwd)
+  WORK_DIR=$(absolute_path "${WORK_DIR:-$REPO_DIR/work_dirs/$PAIR_NAME}")
   MODEL=${MODEL:-base}
   case "$MODEL" in
     base|big) ;;
     *) die "MODEL must be base or big, got '$MODEL'" ;;
   esac
   PREP_DIR="$WORK_DIR/prepared"
-  BIN_DIR="$WORK_DIR/data-bin"
-  RUN_DIR="$WORK_DIR/$MODEL"
+  BIN_DIR=$(absolute_path "${DATA_BIN:-$WORK_DIR/data-bin}")
+  RUN_DIR=$(absolute_path "${RUN_DIR:-$WORK_DIR/$MODEL}")
   CKPT_DIR="$RUN_DIR/checkpoints"
   AVG_DIR="$RUN_DIR/average"
   GEN_DIR="$RUN_DIR/generate"
   SCORE_DIR="$RUN_DIR/score"
 }
 
-# model_defaults: paper settings that depend on MODEL (Table 3, §5.4, §6.1).
-# Sets ARCH, MAX_UPDATE, AVERAGE_LAST, SAVE_INTERVAL_UPDATES unless already given.
+# require_data_bin DIR [SUBSET...]: die unless DIR holds fairseq-preprocess output of
+# SRC_LANG-TGT_LANG: both dictionaries and the binary files of each SUBSET.
+require_data_bin() {
+  local dir=$1 subset lang file
+  shift
+  [ -d "$dir" ] || die "$dir does not exist (binarize the data first)"
+  local -a files=("dict.$SRC_LANG.txt" "dict.$TGT_LANG.txt")
+  for subset in "$@"; do
+    for lang in "$SRC_LANG" "$TGT_LANG"; do
+      files+=("$subset.$SRC_LANG-$TGT_LANG.$lang.bin" "$subset.$SRC_LANG-$TGT_LANG.$lang.idx")
+    done
+  done
+  for file in "${files[@]}"; do
+    [ -f "$dir/$file" ] || die "$dir has no $file (not binarized $SRC_LANG-$TGT_LANG data?)"
+  done
+}
+
+# model_defaults: the paper's settings that depend on MODEL (Table 3, §5.2, §6.1), unless
+# already given: ARCH, MAX_UPDATE, AVERAGE_LAST, SAVE_INTERVAL_UPDATES (a checkpoint every 10
+# minutes at the paper's step time). Needs paper_constants (activate_venv).
 model_defaults() {
   if [ "$MODEL" = base ]; then
     ARCH=${ARCH:-vaswani_base}
-    MAX_UPDATE=${MAX_UPDATE:-100000}
-    AVERAGE_LAST=${AVERAGE_LAST:-5}
-    # The paper saves every 10 minutes: 1500 steps at its 0.4 s per base step.
-    SAVE_INTERVAL_UPDATES=${SAVE_INTERVAL_UPDATES:-1500}
+    MAX_UPDATE=${MAX_UPDATE:-$PAPER_BASE_TRAIN_STEPS}
+    AVERAGE_LAST=${AVERAGE_LAST:-$PAPER_BASE_AVERAGE_LAST}
+    SAVE_INTERVAL_UPDATES=${SAVE_INTERVAL_UPDATES:-$PAPER_BASE_SAVE_INTERVAL}
   else
     ARCH=${ARCH:-$BIG_ARCH}
-    MAX_UPDATE=${MAX_UPDATE:-300000}
-    AVERAGE_LAST=${AVERAGE_LAST:-20}
-    # 600 steps at 1.0 s per big step.
-    SAVE_INTERVAL_UPDATES=${SAVE_INTERVAL_UPDATES:-600}
+    MAX_UPDATE=${MAX_UPDATE:-$PAPER_BIG_TRAIN_STEPS}
+    AVERAGE_LAST=${AVERAGE_LAST:-$PAPER_BIG_AVERAGE_LAST}
+    SAVE_INTERVAL_UPDATES=${SAVE_INTERVAL_UPDATES:-$PAPER_BIG_SAVE_INTERVAL}
   fi
   require_int MAX_UPDATE
   require_int AVERAGE_LAST
   require_int SAVE_INTERVAL_UPDATES
 }
 
-# detect_device: DEVICE (gpu|cpu; default gpu when torch sees one) and NUM_GPUS.
+# detect_device: DEVICE (gpu|cpu; default gpu when torch sees one), NUM_GPUS, PRECISION
+# (fp16|bf16|fp32; default fp16 on GPU, fp32 on CPU) and PRECISION_ARGS, fairseq-train's
+# options for it.
 detect_device() {
   local visible
   visible=$(python -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
@@ -149,6 +238,52 @@ detect_device() {
 }
 
 # --------------------------------------------------------------------------------------------
+# Decoding (paper §6.1), shared by the generate step and the ablation's dev-set BLEU.
+
+# decoding_defaults: unless already given, BEAM and LENPEN (alpha of the length penalty), the
+# paper's; MAX_LEN_A and MAX_LEN_B, the output length bound MAX_LEN_A x source + MAX_LEN_B
+# (the paper: source + 50); SUBWORD_POST_PROCESS, fairseq's name for undoing the pair's
+# subwords (subword_nmt | sentencepiece). Needs paper_constants and load_pair.
+decoding_defaults() {
+  BEAM=${BEAM:-$PAPER_BEAM}
+  LENPEN=${LENPEN:-$PAPER_LENPEN}
+  MAX_LEN_A=${MAX_LEN_A:-1}
+  MAX_LEN_B=${MAX_LEN_B:-$PAPER_MAX_LEN_OVER_SOURCE}
+  require_int BEAM
+  require_int MAX_LEN_B
+  case "$SUBWORD" in
+    bpe) SUBWORD_POST_PROCESS=subword_nmt ;;
+    sentencepiece) SUBWORD_POST_PROCESS=sentencepiece ;;
+    *) die "the pair's SUBWORD must be bpe or sentencepiece, got '$SUBWORD'" ;;
+  esac
+}
+
+# inference_args: INFERENCE_ARGS, the options fairseq-validate and fairseq-generate share: the
+# plugin, TASK, no sentence dropped by batching, DEVICE.
+inference_args() {
+  INFERENCE_ARGS=(--user-dir "$PLUGIN_DIR" --task "$TASK" --required-batch-size-multiple 1)
+  if [ "$DEVICE" = cpu ]; then
+    INFERENCE_ARGS+=(--cpu)
+  fi
+}
+
+# decoding_args: DECODING_ARGS, fairseq-generate's options for the beam search of TASK with
+# BEAM and LENPEN (and INFERENCE_ARGS). The task vaswani_translation ranks hypotheses by the
+# paper's GNMT penalty ((5+|Y|)/6)^alpha and bounds each sentence by its own source length +
+# MAX_LEN_B (MAX_LEN_A is 1 there); fairseq's own tasks (TASK=translation) use |Y|^alpha and
+# bound a whole batch by MAX_LEN_A x its longest source + MAX_LEN_B.
+decoding_args() {
+  inference_args
+  DECODING_ARGS=("${INFERENCE_ARGS[@]}" --beam "$BEAM" --lenpen "$LENPEN")
+  if [ "$TASK" = vaswani_translation ]; then
+    DECODING_ARGS+=(--max-len-over-source "$MAX_LEN_B")
+  else
+    log "note: TASK=$TASK uses fairseq's length penalty |Y|^alpha, not the paper's GNMT penalty"
+    DECODING_ARGS+=(--max-len-a "$MAX_LEN_A" --max-len-b "$MAX_LEN_B")
+  fi
+}
+
+# --------------------------------------------------------------------------------------------
 # Step markers
 
 # step_config_hash TEXT: the fingerprint of a step's settings, stored in its marker.
@@ -175,29 +310,44 @@ step_outputs_ok() {
   done < "$dir/.done"
 }
 
+# record_matches FILE CONFIG [UPSTREAM_DIR...]: FILE (a .done or .started record) holds these
+# settings and, in this order, the ids of the upstream steps' current runs. On failure prints
+# the reason on stdout.
+record_matches() {
+  local file=$1 config=$2 upstream i=0
+  shift 2
+  local -a recorded=()
+  if [ "$(awk '$1 == "config" { print $2; exit }' "$file")" != "$(step_config_hash "$config")" ]; then
+    echo "its settings changed"
+    return 1
+  fi
+  mapfile -t recorded < <(awk '$1 == "upstream" { print $3 }' "$file")
+  if [ "${#recorded[@]}" -ne "$#" ]; then
+    echo "it now reads other inputs"
+    return 1
+  fi
+  for upstream in "$@"; do
+    if [ -z "${recorded[i]}" ] || [ "${recorded[i]}" != "$(marker_id "$upstream")" ]; then
+      echo "its input $upstream was redone"
+      return 1
+    fi
+    i=$((i + 1))
+  done
+}
+
 # step_is_done DIR CONFIG [UPSTREAM_DIR...]: true when the step in DIR finished with these
 # settings on the current runs of its upstream steps and its outputs are intact. The reason it
 # is not done is logged.
 step_is_done() {
-  local dir=$1 config=$2 reason kind a b
-  shift 2
+  local dir=$1 reason
   if ! reason=$(step_outputs_ok "$dir"); then
-    [ -f "$dir/.done" ] && log "redoing the step: $reason"
+    [ -f "$dir/.done" ] && log "redoing the step in $dir: $reason"
     return 1
   fi
-  if [ "$(awk '$1 == "config" { print $2; exit }' "$dir/.done")" != "$(step_config_hash "$config")" ]; then
-    log "redoing the step: its settings changed"
+  if ! reason=$(record_matches "$dir/.done" "${@:2}"); then
+    log "redoing the step in $dir: $reason"
     return 1
   fi
-  local upstream
-  for upstream in "$@"; do
-    a=$(awk -v d="$upstream" '$1 == "upstream" && $2 == d { print $3; exit }' "$dir/.done")
-    if [ -z "$a" ] || [ "$a" != "$(marker_id "$upstream")" ]; then
-      log "redoing the step: its input $upstream was redone"
-      return 1
-    fi
-  done
-  return 0
 }
 
 # require_step UPSTREAM_DIR NAME: die unless the step NAME finished in UPSTREAM_DIR.
@@ -212,17 +362,24 @@ step_restart() {
   mkdir -p "$1"
 }
 
-# step_mark_done DIR CONFIG [UPSTREAM_DIR...] -- OUTPUT...: write DIR/.done (atomically) once
-# the outputs (paths relative to DIR) all exist.
-step_mark_done() {
-  local dir=$1 config=$2 out
-  shift 2
+# write_record DIR KIND CONFIG [UPSTREAM_DIR...] -- [OUTPUT...]: write DIR/.KIND (done or
+# started) atomically: a new id, the settings' fingerprint, the upstream runs' ids and, for a
+# finished step, the outputs' sizes (paths relative to DIR; there must be at least one).
+write_record() {
+  local dir=$1 kind=$2 config=$3 out
+  shift 3
   local -a upstreams=()
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do upstreams+=("$1"); shift; done
   [ $# -gt 0 ] && shift
-  [ $# -gt 0 ] || die "internal: step_mark_done without outputs"
+  if [ "$kind" = done ]; then
+    [ $# -gt 0 ] || die "internal: step_mark_done without outputs"
+  fi
   {
-    echo "# written when the step finished; delete this file to redo the step"
+    if [ "$kind" = done ]; then
+      echo "# written when the step finished; delete this file to redo the step"
+    else
+      echo "# written when the step started: its partial work is continued with these only"
+    fi
     echo "id $(date +%Y%m%dT%H%M%S)-$$-$RANDOM"
     echo "config $(step_config_hash "$config")"
     for out in "${upstreams[@]}"; do echo "upstream $out $(marker_id "$out")"; done
@@ -230,9 +387,35 @@ step_mark_done() {
       [ -f "$dir/$out" ] || die "internal: step output $dir/$out was not written"
       echo "output $(file_size "$dir/$out") $out"
     done
-  } > "$dir/.done.tmp"
-  mv "$dir/.done.tmp" "$dir/.done"
-  log "done: $dir"
+  } > "$dir/.$kind.tmp"
+  mv "$dir/.$kind.tmp" "$dir/.$kind"
+}
+
+# step_mark_done DIR CONFIG [UPSTREAM_DIR...] -- OUTPUT...: write DIR/.done (atomically) once
+# the outputs (paths relative to DIR) all exist; the record of the started run goes.
+step_mark_done() {
+  write_record "$1" done "${@:2}"
+  rm -f "$1/.started"
+  log "done: $1"
+}
+
+# step_begin DIR CONFIG [UPSTREAM_DIR...]: record in DIR/.started (DIR is created) the settings
+# and upstream runs a step that keeps partial work is starting (or continuing) with.
+step_begin() {
+  mkdir -p "$1"
+  write_record "$1" started "${@:2}" --
+}
+
+# step_can_continue DIR CONFIG [UPSTREAM_DIR...]: true when the partial work in DIR was started
+# (step_begin) with these settings on the current runs of these upstream steps. The reason it
+# cannot be continued is logged.
+step_can_continue() {
+  local reason
+  [ -f "$1/.started" ] || { log "no record of how the work in $1 was started"; return 1; }
+  if ! reason=$(record_matches "$1/.started" "${@:2}"); then
+    log "the unfinished work in $1 cannot be continued: $reason"
+    return 1
+  fi
 }
 
 # --------------------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The one-command demo: a small Transformer trained on Multi30k English->German on a CPU, then
-# checkpoint averaging, beam search (beam 4, alpha 0.6, paper §6.1) on test_2016_flickr and
-# sacreBLEU. It runs the WMT14 EN-DE recipe's steps on Multi30k (train / val / test_2016_flickr)
-# with a model scaled down for 2 CPU cores.
+# checkpoint averaging, beam search (the paper's beam and length penalty, §6.1) on
+# test_2016_flickr and sacreBLEU. It runs the steps of the language pair wmt14_en_de
+# (recipes/run_all.sh) on Multi30k (train / val / test_2016_flickr) with a model and schedule of
+# its own, scaled down for 2 CPU cores.
 #
-#   recipes/demo_multi30k.sh
+#   bash recipes/demo_multi30k.sh
 #
 # It first runs scripts/setup_venv.sh (creates .venv once). Multi30k is read from MULTI30K_DIR
 # (default ../shared/data/multi30k-en-de) or, when that folder is absent, downloaded from the
@@ -13,8 +14,9 @@
 #
 # Environment (defaults in brackets): WORK_DIR [work_dirs/demo_multi30k], MULTI30K_DIR,
 # BPE_OPS [8000], MAX_UPDATE [1800], MAX_TOKENS [2048], WARMUP_UPDATES [800],
-# SAVE_INTERVAL_UPDATES [100], AVERAGE_LAST [5], DEMO_MODEL_ARGS [d_model 256, 3+3 layers,
-# d_ff 1024, 4 heads, dropout 0.1], plus those of recipes/steps/*.sh (TASK, BEAM, ...).
+# SAVE_INTERVAL_UPDATES [100], DEMO_MODEL_ARGS [d_model 256, 3+3 layers, d_ff 1024, 4 heads,
+# dropout 0.1], plus those of recipes/steps/*.sh (AVERAGE_LAST [the paper's base: 5], TASK,
+# BEAM, ...).
 set -euo pipefail
 STEP_NAME=demo
 # shellcheck source=common.sh
@@ -76,22 +78,19 @@ fi
 # ---- the demo's model and schedule (paper's recipe, scaled down for 2 CPU cores) -------------
 export BPE_OPS=${BPE_OPS:-8000}
 export MODEL=base DEVICE=cpu PRECISION=fp32
+unset RUN_DIR DATA_BIN     # the steps' default layout below WORK_DIR, read back at the end
 export MAX_UPDATE=${MAX_UPDATE:-1800}
 export MAX_TOKENS=${MAX_TOKENS:-2048}
 export TOKENS_PER_STEP=${TOKENS_PER_STEP:-$MAX_TOKENS}
 export WARMUP_UPDATES=${WARMUP_UPDATES:-800}
 export SAVE_INTERVAL_UPDATES=${SAVE_INTERVAL_UPDATES:-100}
-export AVERAGE_LAST=${AVERAGE_LAST:-5}
 export LOG_INTERVAL=${LOG_INTERVAL:-50}
 DEMO_MODEL_ARGS=${DEMO_MODEL_ARGS:-"--encoder-layers 3 --decoder-layers 3 --encoder-embed-dim 256 --decoder-embed-dim 256 --encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024 --encoder-attention-heads 4 --decoder-attention-heads 4 --dropout 0.1"}
 export EXTRA_ARGS="$DEMO_MODEL_ARGS ${EXTRA_ARGS:-}"
 log "Multi30k demo in $WORK_DIR: BPE $BPE_OPS merges, $MAX_UPDATE updates of <= $MAX_TOKENS tokens"
 log "model: $DEMO_MODEL_ARGS"
 
-for step in prepare binarize train average generate score; do
-  log "=== $step ==="
-  bash "$RECIPES_DIR/wmt14_en_de/$step.sh"
-done
+bash "$RECIPES_DIR/run_all.sh" wmt14_en_de
 
 sacrebleu=$(python - "$WORK_DIR/$MODEL/score/bleu.json" <<'EOF'
 import json

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Collect the results of ``recipes/wmt14_en_de/ablation.sh`` into a table like the paper's
+"""Collect the results of ``recipes/ablation.sh`` into a table like the paper's
 Table 3 (§6.2, "Model Variations": newstest2013 dev set, no checkpoint averaging).
 
 Subcommands::

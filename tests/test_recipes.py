@@ -4,6 +4,9 @@
   round trip, one-line errors (no data needed);
 * the step markers of ``recipes/common.sh``: skip when done, redo when an output or an upstream
   step changed;
+* the recipes' entry points: one script per step (``recipes/steps/<step>.sh PAIR``) and
+  ``recipes/run_all.sh PAIR`` for the language pairs of ``recipes/pairs/``; the paper's
+  settings read from ``user_plugin/paper.py``;
 * the EN-DE chain (BPE) end to end through an offline mirror of ``../shared/data`` with a tiny
   model and all 3003 newstest2014 sentences, the EN-FR chain (SentencePiece) on the small EN-FR
   sample, and resuming: a finished step is skipped, a partly deleted one is redone.
@@ -22,6 +25,7 @@ import pytest
 from conftest import REPO, SHARED_DATA, require_data
 
 RECIPES = REPO / "recipes"
+RUN_ALL = RECIPES / "run_all.sh"
 SCRIPTS = REPO / "scripts"
 STEPS = ["prepare", "binarize", "train", "average", "generate", "score"]
 # Settings the recipes read; a value in the caller's environment must not leak into a test.
@@ -31,8 +35,9 @@ RECIPE_VARIABLES = {
     "MAX_UPDATE", "WARMUP_UPDATES", "LABEL_SMOOTHING", "MAX_TOKENS", "TOKENS_PER_STEP",
     "UPDATE_FREQ", "DEVICE", "NUM_GPUS", "PRECISION", "SAVE_INTERVAL_UPDATES", "AVERAGE_LAST",
     "SEED", "LOG_INTERVAL", "TRAIN_TASK", "EXTRA_ARGS", "TASK", "BEAM", "LENPEN", "CHECKPOINT",
-    "GEN_MAX_TOKENS", "GEN_ARGS", "AVERAGE_SCRIPT", "SCORE_SCRIPT", "PAIR_CONFIG", "STEP_NAME",
-    "FR_VALID_LINES", "FR_TEST_LINES", "SHARED_DATA", "VENV",
+    "GEN_MAX_TOKENS", "GEN_ARGS", "AVERAGE_SCRIPT", "SCORE_SCRIPT", "PAIR", "STEP_NAME",
+    "FR_VALID_LINES", "FR_TEST_LINES", "SHARED_DATA", "VENV", "DATA_BIN", "RUN_DIR",
+    "MAX_LEN_A", "MAX_LEN_B",
 }
 
 TINY_MODEL_ARGS = (
@@ -76,6 +81,17 @@ def run_script(script: Path, env: dict, *args: str, check: bool = True,
         raise AssertionError(f"{script.name} failed ({result.returncode}):\n"
                              f"{result.stdout[-3000:]}\n{result.stderr[-6000:]}")
     return result
+
+
+def step_script(step: str) -> Path:
+    """The script of one recipe step; it takes the language pair as its argument."""
+    return RECIPES / "steps" / f"{step}.sh"
+
+
+def run_with_common(script: str, **env: str) -> subprocess.CompletedProcess:
+    """Run a bash script that sources ``recipes/common.sh`` (as ``$COMMON``)."""
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=False,
+                          env=recipe_env(COMMON=RECIPES / "common.sh", **env))
 
 
 def run_prepare_text(*args) -> subprocess.CompletedProcess:
@@ -200,9 +216,7 @@ sleep 1; step_mark_done "$up" "cfg-up" -- a.txt; check cfg-down upstream-redone
 
 
 def test_step_markers_skip_done_steps_and_redo_changed_ones(tmp_path):
-    result = subprocess.run(["bash", "-c", MARKER_SCRIPT], capture_output=True, text=True,
-                            check=False,
-                            env=recipe_env(COMMON=RECIPES / "common.sh", ROOT=tmp_path))
+    result = run_with_common(MARKER_SCRIPT, ROOT=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[:-1] == [
         "fresh done", "settings-changed redo", "output-changed redo", "output-restored done",
@@ -211,15 +225,90 @@ def test_step_markers_skip_done_steps_and_redo_changed_ones(tmp_path):
 
 def test_bad_settings_fail_with_one_line_before_any_work(tmp_path):
     env = recipe_env(WORK_DIR=tmp_path / "w", DEVICE="cpu", PRECISION="fp16")
-    result = run_script(RECIPES / "wmt14_en_de" / "train.sh", env, check=False)
+    result = run_script(step_script("train"), env, "wmt14_en_de", check=False)
     assert result.returncode == 1
     assert "PRECISION=fp16 needs a GPU" in result.stderr and "Traceback" not in result.stderr
     env = recipe_env(WORK_DIR=tmp_path / "w", RAW_DIR=tmp_path)
-    result = run_script(RECIPES / "wmt14_en_de" / "prepare.sh", env, check=False)
+    result = run_script(step_script("prepare"), env, "wmt14_en_de", check=False)
     assert result.returncode == 1 and "train.en is missing" in result.stderr
     assert not (tmp_path / "w" / "prepared" / ".done").exists()
     result = run_script(RECIPES / "make_offline_mirror.sh", recipe_env(), "en-xx", check=False)
     assert result.returncode == 1 and "usage" in result.stderr
+
+
+MOVED_MARKER_SCRIPT = r"""
+set -euo pipefail
+source "$COMMON"
+up=$ROOT/a/up; down=$ROOT/a/down
+step_restart "$up"; echo data > "$up/a.txt"
+step_mark_done "$up" "cfg-up" -- a.txt
+step_restart "$down"; echo result > "$down/b.txt"
+step_mark_done "$down" "cfg-down" "$up" -- b.txt
+mv "$ROOT/a" "$ROOT/b"; up=$ROOT/b/up; down=$ROOT/b/down
+if step_is_done "$down" cfg-down "$up" 2>/dev/null; then echo "moved done"
+else echo "moved redo"; fi
+work=$ROOT/work
+step_begin "$work" cfg-work "$up"
+check() {
+  if step_can_continue "$work" "$1" "$up" 2>/dev/null; then echo "$2 continue"
+  else echo "$2 restart"; fi
+}
+check cfg-work same
+check other-cfg settings-changed
+sleep 1; step_mark_done "$up" "cfg-up" -- a.txt; check cfg-work upstream-redone
+echo x > "$work/out"; step_mark_done "$work" cfg-work -- out
+[ -f "$work/.started" ] && echo "started kept" || echo "started removed"
+"""
+
+
+def test_step_markers_follow_a_moved_directory_and_record_started_work(tmp_path):
+    result = run_with_common(MOVED_MARKER_SCRIPT, ROOT=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:-1] == [
+        "moved done", "same continue", "settings-changed restart", "upstream-redone restart",
+        "started removed"]
+
+
+def test_every_entry_point_takes_a_known_pair_and_names_them_otherwise(tmp_path):
+    env = recipe_env(WORK_DIR=tmp_path / "w")
+    scripts = [step_script(step) for step in STEPS] + [RUN_ALL, RECIPES / "ablation.sh"]
+    for script in scripts:
+        for args in [("wmt14_en_xx",), ()]:
+            result = run_script(script, env, *args, check=False)
+            assert result.returncode == 1, (script, args)
+            assert result.stderr.count("\n") == 1, result.stderr
+            assert "wmt14_en_de wmt14_en_fr" in result.stderr, result.stderr
+            assert ("unknown language pair 'wmt14_en_xx'" in result.stderr) == bool(args)
+    assert not (tmp_path / "w").exists()
+    assert sorted(p.stem for p in (RECIPES / "pairs").glob("*.sh")) == [
+        "wmt14_en_de", "wmt14_en_fr"]
+
+
+PAPER_SETTINGS_SCRIPT = r"""
+set -euo pipefail
+source "$COMMON"
+activate_venv
+load_pair wmt14_en_de
+MODEL=base; model_defaults; echo "$MAX_UPDATE $AVERAGE_LAST $SAVE_INTERVAL_UPDATES"
+unset ARCH MAX_UPDATE AVERAGE_LAST SAVE_INTERVAL_UPDATES
+MODEL=big; model_defaults; echo "$MAX_UPDATE $AVERAGE_LAST $SAVE_INTERVAL_UPDATES $ARCH"
+decoding_defaults; echo "$BEAM $LENPEN $MAX_LEN_B $SUBWORD_POST_PROCESS"
+echo "$PAPER_TOKENS_PER_STEP $PAPER_WARMUP_STEPS $PAPER_LABEL_SMOOTHING $PAPER_ADAM_BETAS"
+"""
+
+
+def test_recipes_take_the_paper_settings_from_user_plugin_paper():
+    from user_plugin import paper
+
+    result = run_with_common(PAPER_SETTINGS_SCRIPT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:-1] == [
+        f"{paper.BASE_TRAIN_STEPS} {paper.BASE_AVERAGE_LAST} {paper.BASE_SAVE_INTERVAL}",
+        f"{paper.BIG_TRAIN_STEPS} {paper.BIG_AVERAGE_LAST} {paper.BIG_SAVE_INTERVAL} vaswani_big",
+        f"{paper.BEAM} {paper.LENPEN} {paper.MAX_LEN_OVER_SOURCE} subword_nmt",
+        f"{paper.TOKENS_PER_STEP} {paper.WARMUP_STEPS} {paper.LABEL_SMOOTHING} "
+        f"({paper.ADAM_BETAS[0]},{paper.ADAM_BETAS[1]})",
+    ]
 
 
 def sgm_text(lines: list) -> str:
@@ -275,7 +364,7 @@ def test_prepare_reads_the_wmt14_archives(tmp_path):
 
     work = tmp_path / "work"
     env = recipe_env(WORK_DIR=work, DOWNLOAD_DIR=downloads, BPE_OPS=200)
-    result = run_script(RECIPES / "wmt14_en_de" / "prepare.sh", env)
+    result = run_script(step_script("prepare"), env, "wmt14_en_de")
     assert result.stderr.count("already downloaded") == 5
     assert "training/news-commentary-v9.de-en.en + training/news-commentary-v9.de-en.de: " \
            "100 pairs" in result.stderr
@@ -292,8 +381,8 @@ def test_prepare_reads_the_wmt14_archives(tmp_path):
                    sgm_text(text["test", "en"][:-1]))
         add_member(archive, "test-full/newstest2014-deen-ref.de.sgm",
                    sgm_text(text["test", "de"][:-1]))
-    result = run_script(RECIPES / "wmt14_en_de" / "prepare.sh",
-                        {**env, "BPE_OPS": "201"}, check=False)
+    result = run_script(step_script("prepare"), {**env, "BPE_OPS": "201"}, "wmt14_en_de",
+                        check=False)
     assert result.returncode == 1 and "3002 lines, expected 3003" in result.stderr
     assert not (prepared / ".done").exists()
 
@@ -320,7 +409,7 @@ def en_de_chain(tmp_path_factory):
         DEVICE="cpu", MAX_UPDATE=120, WARMUP_UPDATES=40, MAX_TOKENS=2048,
         TOKENS_PER_STEP=2048, SAVE_INTERVAL_UPDATES=30, AVERAGE_LAST=3, LOG_INTERVAL=20,
         EXTRA_ARGS=TINY_MODEL_ARGS, TASK=generation_task(), GEN_MAX_TOKENS=12000)
-    result = run_script(RECIPES / "wmt14_en_de" / "run_all.sh", env, timeout=900)
+    result = run_script(RUN_ALL, env, "wmt14_en_de", timeout=900)
     return root / "work", env, result
 
 
@@ -363,7 +452,7 @@ def test_rerun_skips_finished_steps_and_redoes_a_partly_deleted_one(en_de_chain)
     dirs = [work / d for d in ("prepared", "data-bin", "base/checkpoints", "base/average",
                                "base/generate", "base/score")]
     before = {d: output_mtimes(d) for d in dirs}
-    result = run_script(RECIPES / "wmt14_en_de" / "run_all.sh", env)
+    result = run_script(RUN_ALL, env, "wmt14_en_de")
     assert result.stderr.count("skipping") == len(STEPS)
     assert {d: output_mtimes(d) for d in dirs} == before
     assert "BLEU" in result.stdout                     # score.sh prints the saved result
@@ -371,7 +460,7 @@ def test_rerun_skips_finished_steps_and_redoes_a_partly_deleted_one(en_de_chain)
     binarized = work / "data-bin"
     old_id = (binarized / ".done").read_text().split("\nid ")[1].split("\n")[0]
     (binarized / "test.en-de.de.bin").unlink()
-    result = run_script(RECIPES / "wmt14_en_de" / "binarize.sh", env)
+    result = run_script(step_script("binarize"), env, "wmt14_en_de")
     assert "output " + str(binarized / "test.en-de.de.bin") + " is missing" in result.stderr
     assert (binarized / "test.en-de.de.bin").stat().st_size > 0
     assert (binarized / ".done").read_text().split("\nid ")[1].split("\n")[0] != old_id
@@ -388,7 +477,7 @@ def test_en_fr_chain_with_sentencepiece(tmp_path):
         MAX_UPDATE=40, WARMUP_UPDATES=20, MAX_TOKENS=2048, TOKENS_PER_STEP=2048,
         SAVE_INTERVAL_UPDATES=20, AVERAGE_LAST=2, LOG_INTERVAL=10,
         EXTRA_ARGS=TINY_MODEL_ARGS, TASK=generation_task())
-    run_script(RECIPES / "wmt14_en_fr" / "run_all.sh", env, timeout=900)
+    run_script(RUN_ALL, env, "wmt14_en_fr", timeout=900)
     prepared = work / "prepared"
     assert (prepared / "spm.model").stat().st_size > 0
     assert "\u2581" in (prepared / "train.fr").read_text(encoding="utf-8")

@@ -41,6 +41,14 @@ SHARED_OPTIONS = (
     "share_decoder_input_output_embed", "dropout", "attention_dropout", "activation_dropout",
     "max_source_positions", "max_target_positions", "no_scale_embedding",
 )
+#: Options of fairseq's ``transformer`` beyond the paper that both models implement alike,
+#: passed on when the configuration has them.
+EXTRA_SHARED_OPTIONS = (
+    "layernorm_embedding", "no_token_positional_embeddings", "no_decoder_final_norm",
+    "decoder_output_dim", "no_cross_attention", "cross_self_attention",
+    "adaptive_softmax_cutoff", "adaptive_softmax_dropout", "adaptive_softmax_factor",
+    "encoder_layers_to_keep", "decoder_layers_to_keep", "relu_dropout",
+)
 
 
 def build_fairseq_transformer(ours: Optional[nn.Module], task, cfg=None) -> nn.Module:
@@ -57,6 +65,10 @@ def build_fairseq_transformer(ours: Optional[nn.Module], task, cfg=None) -> nn.M
         **{name: getattr(cfg, name) for name in SHARED_OPTIONS},
         activation_fn=str(cfg.activation_fn),
     )
+    for name in EXTRA_SHARED_OPTIONS:
+        value = getattr(cfg, name, None)
+        if value is not None:
+            setattr(args, name, value)
     fairseq_base_architecture(args)
     return TransformerModel.build_model(args, task)
 

@@ -1,7 +1,8 @@
 """The paper's training and decoding settings, defined once (Vaswani et al. 2017, §5, §6).
 
-Python code imports these names; the shell recipes read the same values through
-``python -m user_plugin.paper``, which prints them as ``NAME=value`` lines for ``eval``.
+Python code imports these names; the shell recipes read the same values by running this file
+(``python user_plugin/paper.py``, or ``python -m user_plugin.paper``), which prints them as
+``PAPER_<NAME>='value'`` lines for ``eval``.
 Model sizes live with the architectures (``models/architectures.py``), since an architecture
 is the paper's definition of a model.
 """
@@ -13,6 +14,8 @@ from typing import Dict, Tuple
 
 # §5.1: each training step holds about 25,000 source and 25,000 target tokens.
 TOKENS_PER_STEP = 25_000
+# §5.1: WMT14 EN-FR is split into a vocabulary of 32,000 word pieces.
+WORDPIECE_VOCAB = 32_000
 # §5.2: base models train for 100,000 steps, big models for 300,000.
 BASE_TRAIN_STEPS = 100_000
 BIG_TRAIN_STEPS = 300_000
@@ -58,7 +61,7 @@ def shell_assignments() -> Dict[str, str]:
 
 
 def main() -> int:
-    """Print ``PAPER_<NAME>=value`` lines, for ``eval "$(python -m user_plugin.paper)"``."""
+    """Print ``PAPER_<NAME>='value'`` lines, for ``eval "$(python user_plugin/paper.py)"``."""
     for name, value in shell_assignments().items():
         print(f"{name}='{value}'")
     return 0

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # Step 4, average (paper §6.1): the mean of the last AVERAGE_LAST interval checkpoints (5 for
-# base, 20 for big) into $WORK_DIR/$MODEL/average/checkpoint_avg.pt, with
-# scripts/average_checkpoints.py. Run through recipes/<pair>/average.sh.
+# base, 20 for big) into $RUN_DIR/average/checkpoint_avg.pt, with
+# scripts/average_checkpoints.py.
 #
-# Environment: WORK_DIR, MODEL [base|big], AVERAGE_LAST [5 | 20]. When training kept fewer
-# interval checkpoints than AVERAGE_LAST, all of them are averaged (with a warning).
+#   bash recipes/steps/average.sh PAIR      (PAIR: a file of recipes/pairs/, e.g. wmt14_en_de)
+#
+# Environment: WORK_DIR, MODEL [base|big], RUN_DIR [$WORK_DIR/$MODEL], AVERAGE_LAST [paper: 5 |
+# 20]. When training kept fewer interval checkpoints than AVERAGE_LAST, all of them are
+# averaged (with a warning).
 set -euo pipefail
 STEP_NAME=average
 # shellcheck source=../common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
-# shellcheck disable=SC1090
-source "${PAIR_CONFIG:?run recipes/<pair>/average.sh, which sets PAIR_CONFIG}"
-activate_venv
-setup_paths
+start_pair_run "$@"
 model_defaults
 AVERAGE_SCRIPT=${AVERAGE_SCRIPT:-$SCRIPTS_DIR/average_checkpoints.py}
 [ "$AVERAGE_LAST" -gt 0 ] || die "AVERAGE_LAST must be positive"

@@ -1,17 +1,16 @@
 #!/usr/bin/env bash
-# Step 2, binarize: fairseq-preprocess the prepared text into $WORK_DIR/data-bin with one
-# dictionary shared by source and target (--joined-dictionary), which the paper's shared
-# embedding and pre-softmax weight matrix need (§3.4). Run through recipes/<pair>/binarize.sh.
+# Step 2, binarize: fairseq-preprocess the prepared text into DATA_BIN ($WORK_DIR/data-bin)
+# with one dictionary shared by source and target (--joined-dictionary), which the paper's
+# shared embedding and pre-softmax weight matrix need (§3.4).
 #
-# Environment: WORK_DIR [work_dirs/<pair>], WORKERS [nproc].
+#   bash recipes/steps/binarize.sh PAIR     (PAIR: a file of recipes/pairs/, e.g. wmt14_en_de)
+#
+# Environment: WORK_DIR [work_dirs/<pair>], DATA_BIN [$WORK_DIR/data-bin], WORKERS [nproc].
 set -euo pipefail
 STEP_NAME=binarize
 # shellcheck source=../common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
-# shellcheck disable=SC1090
-source "${PAIR_CONFIG:?run recipes/<pair>/binarize.sh, which sets PAIR_CONFIG}"
-activate_venv
-setup_paths
+start_pair_run "$@"
 WORKERS=${WORKERS:-$(num_cpus)}
 require_int WORKERS
 S=$SRC_LANG

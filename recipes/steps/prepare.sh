@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Step 1, prepare (paper §5.1): raw parallel text -> normalised, tokenised, cleaned and
-# subword-split text in $WORK_DIR/prepared. Run through recipes/<pair>/prepare.sh, which names
-# the language pair (PAIR_CONFIG).
+# subword-split text in $WORK_DIR/prepared.
+#
+#   bash recipes/steps/prepare.sh PAIR      (PAIR: a file of recipes/pairs/, e.g. wmt14_en_de)
 #
 # Raw text comes from a local mirror when RAW_DIR is set, else from the WMT14 downloads
 # (verified by size + sha256 or md5, kept in DOWNLOAD_DIR across runs). RAW_DIR layout: plain
@@ -17,17 +18,15 @@
 #
 # Environment (defaults in brackets): WORK_DIR [work_dirs/<pair>], RAW_DIR [unset: download],
 # DOWNLOAD_DIR [$WORK_DIR/downloads], TRAIN_LINES [0 = all; else the first N training pairs],
-# MIN_LEN [1], MAX_LEN [250], LEN_RATIO [1.5], BPE_OPS [32000], SPM_VOCAB [32000],
+# MIN_LEN [1], MAX_LEN [250], LEN_RATIO [1.5], BPE_OPS [32000 merges: about 37000 types, the
+# paper's EN-DE vocabulary], SPM_VOCAB [paper: 32000, EN-FR's word pieces],
 # SPM_MODEL_TYPE [unigram], SPM_SAMPLE [10000000 sentences to train SentencePiece on],
 # WORKERS [nproc].
 set -euo pipefail
 STEP_NAME=prepare
 # shellcheck source=../common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
-# shellcheck disable=SC1090
-source "${PAIR_CONFIG:?run recipes/<pair>/prepare.sh, which sets PAIR_CONFIG}"
-activate_venv
-setup_paths
+start_pair_run "$@"
 
 RAW_DIR=${RAW_DIR:-}
 [ -z "$RAW_DIR" ] || RAW_DIR=$(cd "$RAW_DIR" 2>/dev/null && pwd) || die "RAW_DIR '$RAW_DIR' is not a directory"
@@ -37,7 +36,7 @@ MIN_LEN=${MIN_LEN:-1}
 MAX_LEN=${MAX_LEN:-250}
 LEN_RATIO=${LEN_RATIO:-1.5}
 BPE_OPS=${BPE_OPS:-32000}
-SPM_VOCAB=${SPM_VOCAB:-32000}
+SPM_VOCAB=${SPM_VOCAB:-$PAPER_WORDPIECE_VOCAB}
 SPM_MODEL_TYPE=${SPM_MODEL_TYPE:-unigram}
 SPM_SAMPLE=${SPM_SAMPLE:-10000000}
 WORKERS=${WORKERS:-$(num_cpus)}

@@ -2,17 +2,16 @@
 # Step 6, score (paper Table 2): BLEU of the test translations against the untouched reference,
 # with scripts/score_translation.py: tokenized BLEU (with compound splitting for German, the
 # paper's lineage) and sacreBLEU with its signature. Both are printed and saved in
-# $WORK_DIR/$MODEL/score/{bleu.json,bleu.txt}. Run through recipes/<pair>/score.sh.
+# $RUN_DIR/score/{bleu.json,bleu.txt}.
 #
-# Environment: WORK_DIR, MODEL [base|big].
+#   bash recipes/steps/score.sh PAIR        (PAIR: a file of recipes/pairs/, e.g. wmt14_en_de)
+#
+# Environment: WORK_DIR, MODEL [base|big], RUN_DIR [$WORK_DIR/$MODEL].
 set -euo pipefail
 STEP_NAME=score
 # shellcheck source=../common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
-# shellcheck disable=SC1090
-source "${PAIR_CONFIG:?run recipes/<pair>/score.sh, which sets PAIR_CONFIG}"
-activate_venv
-setup_paths
+start_pair_run "$@"
 SCORE_SCRIPT=${SCORE_SCRIPT:-$SCRIPTS_DIR/score_translation.py}
 T=$TGT_LANG
 

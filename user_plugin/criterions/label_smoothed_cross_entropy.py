@@ -160,13 +160,12 @@ class LabelSmoothedCrossEntropy(FairseqCriterion):
 
     @staticmethod
     def _logits(model, net_output) -> Tensor:
-        """[N, V] logits; models whose probabilities are not a softmax of logits go through
-        their own ``get_normalized_probs`` (log-probabilities are valid logits)."""
-        decoder = getattr(model, "decoder", None)
-        if getattr(decoder, "adaptive_softmax", None) is not None:
-            scores = model.get_normalized_probs(net_output, log_probs=True)
-        else:
-            scores = net_output[0]
+        """[N, V] logits; under an adaptive softmax, the log-probabilities of every type
+        (log-probabilities are valid logits)."""
+        adaptive_softmax = getattr(getattr(model, "decoder", None), "adaptive_softmax", None)
+        if adaptive_softmax is not None:
+            return adaptive_log_probs(adaptive_softmax, net_output[0])
+        scores = net_output[0]
         return scores.reshape(-1, scores.size(-1))
 
     @classmethod
@@ -191,3 +190,20 @@ class LabelSmoothedCrossEntropy(FairseqCriterion):
     @staticmethod
     def logging_outputs_can_be_summed() -> bool:
         return True
+
+
+def adaptive_log_probs(adaptive_softmax, features: Tensor) -> Tensor:
+    """[N, V] log-probabilities of every type under fairseq's ``AdaptiveSoftmax``, differentiable.
+
+    A type of the head has its head log-softmax; a type of tail cluster i has the head's
+    log-probability of the cluster plus its log-softmax within the cluster. fairseq's
+    ``get_log_prob`` computes the same in place, for decoding only (autograd refuses it); the
+    input dropout is that of the module's training forward.
+    """
+    x = adaptive_softmax.dropout_module(features.reshape(-1, features.size(-1)))
+    head = torch.log_softmax(adaptive_softmax.head(x).float(), dim=-1)
+    first = adaptive_softmax.cutoff[0]
+    parts = [head[:, :first]]
+    for i, tail in enumerate(adaptive_softmax.tail):
+        parts.append(torch.log_softmax(tail(x).float(), dim=-1) + head[:, first + i, None])
+    return torch.cat(parts, dim=-1)

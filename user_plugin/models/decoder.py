@@ -4,6 +4,11 @@
 LayerNorm when pre-norm), as :class:`~.stack.TransformerStack`, then the pre-softmax linear,
 whose weight may be the embedding's (§3.4).
 
+Two output options of fairseq's transformer: ``--decoder-output-dim`` maps the last layer's
+d_model to another width before the output layer (``project_out_dim``), and
+``--adaptive-softmax-cutoff`` replaces the pre-softmax linear by fairseq's adaptive softmax
+(Grave et al. 2017), whose log-probabilities ``get_normalized_probs`` returns.
+
 With an ``incremental_state`` (beam search), only the newest target position is computed. The
 decoder keeps one :class:`~user_plugin.modules.beam_state.BeamState` there, made on the first
 step from the encoder output's beam layout, and hands it to every attention's cache; each beam
@@ -15,7 +20,9 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
+from fairseq import utils
 from fairseq.models import FairseqIncrementalDecoder
+from fairseq.modules import AdaptiveSoftmax
 from torch import Tensor, nn
 
 from ..modules.attention import IncrementalState
@@ -36,11 +43,21 @@ class VaswaniDecoder(TransformerStack, FairseqIncrementalDecoder):
         blocks = blocks or default_blocks()
         stack = StackConfig.of(cfg, "decoder")
         self.build_stack(stack, embed_tokens, blocks, blocks.build_decoder_layer)
-        self.output_projection = nn.Linear(stack.embed_dim, len(dictionary), bias=False)
-        if cfg.share_all_embeddings or cfg.share_decoder_input_output_embed:
-            self.output_projection.weight = self.embed_tokens.weight
+        width = stack.features_dim
+        self.project_out_dim: Optional[nn.Linear] = None
+        if width != stack.embed_dim:
+            self.project_out_dim = nn.Linear(stack.embed_dim, width, bias=False)
+            nn.init.xavier_uniform_(self.project_out_dim.weight)
+        self.adaptive_softmax: Optional[AdaptiveSoftmax] = None
+        self.output_projection: Optional[nn.Linear] = None
+        if cfg.adaptive_softmax_cutoff is not None:
+            self.adaptive_softmax = _adaptive_softmax(cfg, len(dictionary), width)
         else:
-            nn.init.normal_(self.output_projection.weight, mean=0.0, std=stack.embed_dim**-0.5)
+            self.output_projection = nn.Linear(width, len(dictionary), bias=False)
+            if cfg.share_all_embeddings or cfg.share_decoder_input_output_embed:
+                self.output_projection.weight = self.embed_tokens.weight
+            else:
+                nn.init.normal_(self.output_projection.weight, mean=0.0, std=width**-0.5)
 
     def forward(
         self,
@@ -109,9 +126,11 @@ class VaswaniDecoder(TransformerStack, FairseqIncrementalDecoder):
             states.append(x)
             attentions.append(weights)
         x = self.final_norm(x)
+        if self.project_out_dim is not None:
+            x = self.project_out_dim(x)
 
         attn: Optional[Tensor] = None
-        if need_attn:
+        if need_attn and attentions and attentions[-1]["encoder_attn"] is not None:
             attn = attentions[-1]["encoder_attn"].mean(dim=1)
         extra: Dict[str, Any] = {
             "attn": [attn],
@@ -173,5 +192,20 @@ class VaswaniDecoder(TransformerStack, FairseqIncrementalDecoder):
         return allowed[:, None, :, :]
 
     def output_layer(self, features: Tensor) -> Tensor:
-        """The pre-softmax linear transformation (§3.4)."""
+        """The pre-softmax linear transformation (§3.4); with an adaptive softmax, the features
+        themselves (its log-probabilities come from ``get_normalized_probs``)."""
+        if self.output_projection is None:
+            return features
         return self.output_projection(features)
+
+
+def _adaptive_softmax(cfg, vocab_size: int, width: int) -> AdaptiveSoftmax:
+    """fairseq's adaptive softmax over ``vocab_size`` types from ``width``-wide features."""
+    cutoff = list(utils.eval_str_list(cfg.adaptive_softmax_cutoff, type=int))
+    if cutoff[-1] > vocab_size:
+        raise ValueError(
+            f"vaswani_transformer: --adaptive-softmax-cutoff {cfg.adaptive_softmax_cutoff} "
+            f"exceeds the target vocabulary of {vocab_size} types"
+        )
+    return AdaptiveSoftmax(vocab_size, width, cutoff, dropout=cfg.adaptive_softmax_dropout,
+                           factor=cfg.adaptive_softmax_factor)

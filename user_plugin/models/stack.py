@@ -4,16 +4,26 @@ Both stacks read ``x = Dropout(sqrt(d_model) * Embed(tokens) + PE(positions))``,
 identical layers, and end with one more LayerNorm when the layers are pre-norm. The encoder and
 the decoder inherit this once and add only what differs: the decoder's masks, incremental
 decoding and pre-softmax linear.
+
+fairseq's stack-level training options live here too, each off by default and then costing
+nothing: a LayerNorm on the embeddings, no positional encoding, no final LayerNorm, LayerDrop
+(Fan et al. 2019: whole layers skipped at random while training), activation checkpointing
+(each layer's activations recomputed in the backward pass, optionally kept on the CPU), FSDP
+wrapping of each layer, and quantization noise on the layers' linear weights (Fan et al. 2020).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, List
 
 import torch.nn.functional as F
+from fairseq.distributed import fsdp_wrap
+from fairseq.modules import LayerDropModuleList
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import Tensor, nn
 
+from ..modules.quant_noise import add_quant_noise
 from .transformer_config import StackConfig
 
 
@@ -28,7 +38,7 @@ def default_blocks():
 class TransformerStack:
     """Embedding, N layers and the final LayerNorm of one stack (a mixin of the fairseq
     encoder / decoder classes; parameter names are ``embed_tokens``, ``embed_positions``,
-    ``layers.<i>`` and ``layer_norm``)."""
+    ``layernorm_embedding``, ``layers.<i>`` and ``layer_norm``, as fairseq's ``transformer``)."""
 
     stack: StackConfig
     layers: nn.ModuleList
@@ -49,15 +59,39 @@ class TransformerStack:
         self.padding_idx = embed_tokens.padding_idx
         self.embed_tokens = embed_tokens
         self.embed_scale = math.sqrt(stack.embed_dim) if stack.scale_embedding else 1.0
-        self.embed_positions = blocks.build_positional_encoding(stack)
+        self.embed_positions = (blocks.build_positional_encoding(stack)
+                                if stack.token_positions else None)
+        self.layernorm_embedding = (nn.LayerNorm(stack.embed_dim)
+                                    if stack.layernorm_embedding else None)
         self.dropout = stack.dropout
-        self.layers = nn.ModuleList([build_layer(stack) for _ in range(stack.layers)])
-        self.layer_norm = nn.LayerNorm(stack.embed_dim) if stack.normalize_before else None
+        layers = [self._prepare_layer(build_layer(stack), stack) for _ in range(stack.layers)]
+        self.layers = (LayerDropModuleList(stack.layerdrop, layers) if stack.layerdrop > 0
+                       else nn.ModuleList(layers))
+        self.layer_norm = (nn.LayerNorm(stack.embed_dim)
+                           if stack.normalize_before and stack.final_norm else None)
+
+    @staticmethod
+    def _prepare_layer(layer: nn.Module, stack: StackConfig) -> nn.Module:
+        """Apply the training options that act on a whole layer, as fairseq's transformer does:
+        quantization noise on its linear weights, activation checkpointing (offloading), and
+        FSDP wrapping (every checkpointed layer; others from ``--min-params-to-wrap`` up; a
+        no-op outside ``--ddp-backend fully_sharded``)."""
+        if stack.quant_noise_pq > 0:
+            linears: List[nn.Module] = [m for m in layer.modules() if isinstance(m, nn.Linear)]
+            for linear in linears:
+                add_quant_noise(linear, stack.quant_noise_pq, stack.quant_noise_pq_block_size)
+        if stack.checkpoint_activations:
+            layer = checkpoint_wrapper(layer, offload_to_cpu=stack.offload_activations)
+        min_params = 0 if stack.checkpoint_activations else stack.min_params_to_wrap
+        return fsdp_wrap(layer, min_num_params=min_params)
 
     def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
         """``Dropout(sqrt(d_model) * Embed(tokens) + PE(positions))`` (§3.4, §3.5, §5.4)."""
         x = self.embed_scale * self.embed_tokens(tokens)
-        x = x + self.embed_positions(positions).to(x)
+        if self.embed_positions is not None:
+            x = x + self.embed_positions(positions).to(x)
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
         return F.dropout(x, p=self.dropout, training=self.training)
 
     def final_norm(self, x: Tensor) -> Tensor:

@@ -17,19 +17,28 @@ architecture (docs/extending.md, ``examples/custom_ffn``)::
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import Any, Dict, Optional
 
+from fairseq import utils
 from fairseq.models import FairseqEncoderDecoderModel, register_model
 from torch import Tensor, nn
 
 from ..modules.attention import MultiHeadAttention
+from ..modules.cross_self_attention import CrossSelfAttention
 from ..modules.decoder_layer import DecoderLayer
 from ..modules.encoder_layer import EncoderLayer
 from ..modules.feed_forward import PositionWiseFeedForward
 from ..modules.positional_encoding import build_positional_encoding
 from .decoder import VaswaniDecoder
 from .encoder import VaswaniEncoder
-from .transformer_config import StackConfig, VaswaniTransformerConfig, validate_config
+from .layer_pruning import keep_whole_or_pruned_sides, prune_to_kept_layers
+from .transformer_config import (
+    StackConfig,
+    VaswaniTransformerConfig,
+    complete_config,
+    validate_config,
+)
 
 
 @register_model("vaswani_transformer", dataclass=VaswaniTransformerConfig)
@@ -40,6 +49,14 @@ class VaswaniTransformerModel(FairseqEncoderDecoderModel):
 
     @classmethod
     def build_model(cls, cfg, task) -> "VaswaniTransformerModel":
+        """Build the model of ``cfg`` for ``task``'s dictionaries.
+
+        Options missing from ``cfg`` (a checkpoint older than them) take their defaults;
+        ``--{encoder,decoder}-layers-to-keep`` sets the number of layers, and fairseq's loader
+        then prunes the checkpoint's layers to those kept (``prune_state_dict``).
+        """
+        complete_config(cfg)
+        prune_to_kept_layers(cfg)
         validate_config(cfg)
         src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
         if cfg.share_all_embeddings:
@@ -49,13 +66,33 @@ class VaswaniTransformerModel(FairseqEncoderDecoderModel):
                     "(fairseq-preprocess --joined-dictionary)"
                 )
             encoder_embed = cls.build_embedding(src_dict, cfg.encoder_embed_dim)
+            load_pretrained_embedding(encoder_embed, src_dict, cfg.encoder_embed_path,
+                                      "--encoder-embed-path")
             decoder_embed = encoder_embed
         else:
             encoder_embed = cls.build_embedding(src_dict, cfg.encoder_embed_dim)
+            load_pretrained_embedding(encoder_embed, src_dict, cfg.encoder_embed_path,
+                                      "--encoder-embed-path")
             decoder_embed = cls.build_embedding(tgt_dict, cfg.decoder_embed_dim)
+            load_pretrained_embedding(decoder_embed, tgt_dict, cfg.decoder_embed_path,
+                                      "--decoder-embed-path")
         encoder = cls.build_encoder(cfg, src_dict, encoder_embed)
         decoder = cls.build_decoder(cfg, tgt_dict, decoder_embed)
         return cls(cfg, encoder, decoder)
+
+    def load_state_dict(self, state_dict, strict: bool = True, model_cfg=None, args=None):
+        """Load ``state_dict``, pruning it to ``--{encoder,decoder}-layers-to-keep`` first
+        (fairseq's ``prune_state_dict``, which reads ``model_cfg``).
+
+        Two cases fairseq's pruning alone gets wrong are settled before it runs: a side whose
+        checkpoint already holds only the kept layers (a pruned model resumed by the same
+        command) is not pruned again, and a side without the option keeps all its layers
+        (the pruning would otherwise drop them when only the other side names layers).
+        """
+        if model_cfg is not None:
+            keep_whole_or_pruned_sides(state_dict, model_cfg)
+        return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg,
+                                        args=args)
 
     # -- the stacks (§3.1) ----------------------------------------------------------------
 
@@ -96,26 +133,20 @@ class VaswaniTransformerModel(FairseqEncoderDecoderModel):
     @classmethod
     def build_self_attention(cls, stack: StackConfig) -> nn.Module:
         """Multi-head self-attention (§3.2.2); masked in the decoder (§3.2.3)."""
-        return MultiHeadAttention(
-            stack.embed_dim,
-            stack.attention_heads,
-            key_dim=stack.key_dim,
-            value_dim=stack.value_dim,
-            dropout=stack.attention_dropout,
-        )
+        return MultiHeadAttention(**attention_sizes(stack))
 
     @classmethod
     def build_encoder_attention(cls, stack: StackConfig) -> nn.Module:
         """The decoder's encoder-decoder attention (§3.2.3)."""
         return MultiHeadAttention(
-            stack.embed_dim,
-            stack.attention_heads,
-            key_dim=stack.key_dim,
-            value_dim=stack.value_dim,
-            dropout=stack.attention_dropout,
-            encoder_decoder=True,
-            kv_dim=stack.cfg.encoder_embed_dim,
+            **attention_sizes(stack), encoder_decoder=True, kv_dim=stack.cfg.encoder_embed_dim
         )
+
+    @classmethod
+    def build_cross_self_attention(cls, stack: StackConfig) -> nn.Module:
+        """The decoder's self-attention over the encoder output and its own prefix together,
+        replacing masked self-attention under ``--cross-self-attention`` (Peitz et al. 2019)."""
+        return CrossSelfAttention(**attention_sizes(stack))
 
     @classmethod
     def build_feed_forward(cls, stack: StackConfig) -> nn.Module:
@@ -149,3 +180,36 @@ class VaswaniTransformerModel(FairseqEncoderDecoderModel):
             return_all_hiddens=return_all_hiddens,
             need_attn=need_attn,
         )
+
+
+def load_pretrained_embedding(
+    embedding: nn.Embedding, dictionary, path: Optional[str], option: str
+) -> None:
+    """Copy the vectors of a word2vec-style text file (a header line, then ``word v1 v2 ...``)
+    into the rows of the words ``dictionary`` knows (fairseq's ``--*-embed-path``); other rows
+    keep their initialisation."""
+    if not path:
+        return
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"vaswani_transformer: {option}: no such file {path}")
+    vectors = utils.parse_embedding(path)
+    width = embedding.weight.size(1)
+    for word, vector in vectors.items():
+        if vector.numel() != width:
+            raise ValueError(
+                f"vaswani_transformer: {option} {path} holds {vector.numel()}-dimensional "
+                f"vectors (word {word!r}), the embeddings are {width}-dimensional"
+            )
+    utils.load_embedding(vectors, dictionary, embedding)
+
+
+def attention_sizes(stack: StackConfig) -> Dict[str, Any]:
+    """The arguments every attention of ``stack`` is built with: d_model, h, d_k, d_v (§3.2.2)
+    and the dropout on attention probabilities."""
+    return dict(
+        embed_dim=stack.embed_dim,
+        num_heads=stack.attention_heads,
+        key_dim=stack.key_dim,
+        value_dim=stack.value_dim,
+        dropout=stack.attention_dropout,
+    )

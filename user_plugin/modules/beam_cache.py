@@ -16,6 +16,9 @@ copy nothing on a reorder that keeps hypotheses within their sentences:
 * :class:`EncoderAttentionCache`: the encoder-decoder keys and values, computed once per
   sentence on the first step (beam search hands the decoder ``group`` identical copies of each
   sentence's encoder output).
+* :class:`CrossSelfAttentionCache`: both at once, for cross+self-attention (the decoder's
+  self-attention over the encoder output followed by its own prefix): the encoder part once per
+  sentence, the prefix part as the self-attention cache, one softmax over the two.
 
 Keys are copied only when sentences leave the batch (or, should hypotheses ever move across
 sentences, once, to one row per hypothesis).
@@ -90,16 +93,22 @@ class SelfAttentionCache:
         Returns the context ``[rows, 1, h * d_v]`` and, if asked, the probabilities
         ``[rows, h, 1, steps]`` over the hypothesis' prefix.
         """
+        beam = self.beam
+        k, v = self.stored()
+        q = _by_sentence(query, beam, self.num_heads)
+        context, probs = attend(q, k, v, beam.prefix_mask(), need_weights=need_weights)
+        weights = None if probs is None else self.per_hypothesis(probs)
+        return _by_row(context, beam), weights
+
+    def stored(self) -> Tuple[Tensor, Tensor]:
+        """Each sentence's stored keys and values, ``[sentences, h, steps * group, d]``, in the
+        order :meth:`BeamState.prefix_mask` masks them."""
         assert self.keys is not None and self.values is not None, "append before attend"
         beam, heads = self.beam, self.num_heads
         sentences, group, steps = beam.layout.sentences, beam.layout.group, beam.steps
         k = self.keys[:, :steps].reshape(sentences, steps * group, heads, self.key_dim)
         v = self.values[:, :steps].reshape(sentences, steps * group, heads, self.value_dim)
-        q = _by_sentence(query, beam, heads)
-        context, probs = attend(q, k.transpose(1, 2), v.transpose(1, 2), beam.prefix_mask(),
-                                need_weights=need_weights)
-        weights = None if probs is None else self._per_hypothesis(probs)
-        return _by_row(context, beam), weights
+        return k.transpose(1, 2), v.transpose(1, 2)
 
     def reorder(self, reorder: BeamReorder) -> None:
         """Follow a beam reorder: copy only when sentences leave, or once on a fall-back."""
@@ -130,7 +139,7 @@ class SelfAttentionCache:
         out[:, :steps, 0] = buffer[sentence, step, slots]
         return out
 
-    def _per_hypothesis(self, probs: Tensor) -> Tensor:
+    def per_hypothesis(self, probs: Tensor) -> Tensor:
         """``[sentences, h, group, steps * group]`` -> each row's weights over its own prefix,
         ``[rows, h, 1, steps]``."""
         sentences, heads, group, _ = probs.shape
@@ -176,3 +185,63 @@ class EncoderAttentionCache:
         self.value = reorder.select(self.value)
         if self.mask is not None:
             self.mask = reorder.select(self.mask)
+
+
+class CrossSelfAttentionCache:
+    """Keys of cross+self-attention: a sentence's encoder keys (stored once per sentence, as
+    :class:`EncoderAttentionCache`) followed by each hypothesis' own prefix (as
+    :class:`SelfAttentionCache`); every query attends to both under one softmax.
+
+    Args:
+        beam: the decoder's beam state.
+        key, value: the projected encoder output, once per sentence (``[sentences, h, S, d]``).
+        mask: ``[sentences, 1, 1, S]`` (True = real source token), or None without padding.
+        num_heads, key_dim, value_dim: the attention's h, d_k and d_v.
+    """
+
+    def __init__(self, beam: BeamState, key: Tensor, value: Tensor, mask: Optional[Tensor],
+                 num_heads: int, key_dim: int, value_dim: int) -> None:
+        self.encoder = EncoderAttentionCache(beam, key, value, mask)
+        self.prefix = SelfAttentionCache(beam, num_heads, key_dim, value_dim)
+
+    def append(self, key: Tensor, value: Tensor) -> None:
+        """Store the current step's projected key and value, each ``[rows, 1, h * d]``."""
+        self.prefix.append(key, value)
+
+    def attend(self, query: Tensor, need_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+        """Attention of ``query [rows, 1, h * d_k]`` over its sentence's source and its own
+        prefix. Returns the context ``[rows, 1, h * d_v]`` and, if asked, the probabilities
+        ``[rows, h, 1, S + steps]`` (source positions first)."""
+        beam, encoder = self.prefix.beam, self.encoder
+        prefix_k, prefix_v = self.prefix.stored()
+        k = torch.cat([encoder.key, prefix_k], dim=2)
+        v = torch.cat([encoder.value, prefix_v], dim=2)
+        q = _by_sentence(query, beam, self.prefix.num_heads)
+        context, probs = attend(q, k, v, self._mask(q), need_weights=need_weights)
+        weights = None
+        if probs is not None:
+            source = encoder.key.size(2)
+            to_source = probs[..., :source].transpose(1, 2).reshape(beam.rows, -1, 1, source)
+            to_prefix = self.prefix.per_hypothesis(probs[..., source:].contiguous())
+            weights = torch.cat([to_source, to_prefix], dim=-1)
+        return _by_row(context, beam), weights
+
+    def _mask(self, q: Tensor) -> Optional[Tensor]:
+        """``[sentences, 1, group, S + steps * group]``: the real source tokens, then the
+        hypothesis' own prefix; None when nothing is hidden."""
+        source_mask, prefix_mask = self.encoder.mask, self.prefix.beam.prefix_mask()
+        if source_mask is None and prefix_mask is None:
+            return None
+        sentences, _, group, _ = q.shape
+        source, stored = self.encoder.key.size(2), self.prefix.beam.steps * group
+        if source_mask is None:
+            source_mask = q.new_ones((1, 1, 1, 1), dtype=torch.bool)
+        if prefix_mask is None:
+            prefix_mask = q.new_ones((1, 1, 1, 1), dtype=torch.bool)
+        return torch.cat([source_mask.expand(sentences, 1, group, source),
+                          prefix_mask.expand(sentences, 1, group, stored)], dim=-1)
+
+    def reorder(self, reorder: BeamReorder) -> None:
+        """Follow a beam reorder (copies only when sentences leave, or once on a fall-back)."""
+        self.encoder.reorder(reorder)
+        self.prefix.reorder(reorder)

@@ -1,5 +1,9 @@
 """One decoder layer (paper §3.1, Figure 1 right): masked self-attention, encoder-decoder
-attention, feed-forward, each wrapped by :class:`~user_plugin.modules.residual.AddAndNorm`."""
+attention, feed-forward, each wrapped by :class:`~user_plugin.modules.residual.AddAndNorm`.
+
+Two options of fairseq's transformer change the layer: ``--no-cross-attention`` leaves out the
+encoder-decoder attention, and ``--cross-self-attention`` makes the self-attention see the
+encoder output too (:mod:`~user_plugin.modules.cross_self_attention`)."""
 
 from __future__ import annotations
 
@@ -21,16 +25,22 @@ class DecoderLayer(nn.Module):
     Args:
         stack: the decoder's options (:class:`~user_plugin.models.transformer_config.StackConfig`).
         blocks: what builds the sub-layers (``build_self_attention``, ``build_encoder_attention``,
-            ``build_feed_forward``, each taking ``stack``): the model class.
+            ``build_feed_forward``, ``build_cross_self_attention``, each taking ``stack``): the
+            model class.
     """
 
     def __init__(self, stack, blocks) -> None:
         super().__init__()
         dim, dropout, pre_norm = stack.embed_dim, stack.dropout, stack.normalize_before
-        self.self_attn = blocks.build_self_attention(stack)
+        self.cross_self_attention = stack.cross_self_attention
+        self.self_attn = (blocks.build_cross_self_attention(stack) if self.cross_self_attention
+                          else blocks.build_self_attention(stack))
         self.self_attn_residual = AddAndNorm(dim, dropout, pre_norm)
-        self.encoder_attn = blocks.build_encoder_attention(stack)
-        self.encoder_attn_residual = AddAndNorm(dim, dropout, pre_norm)
+        self.encoder_attn: Optional[nn.Module] = None
+        self.encoder_attn_residual: Optional[AddAndNorm] = None
+        if stack.cross_attention:
+            self.encoder_attn = blocks.build_encoder_attention(stack)
+            self.encoder_attn_residual = AddAndNorm(dim, dropout, pre_norm)
         self.ffn = blocks.build_feed_forward(stack)
         self.ffn_residual = AddAndNorm(dim, dropout, pre_norm)
 
@@ -49,30 +59,45 @@ class DecoderLayer(nn.Module):
 
         ``self_attn_mask`` replaces the plain causal mask when the target batch has padding
         that is not at the end. ``incremental_state`` and ``beam``: decoding step by step.
-        Returns the output and, if asked, both attentions' probabilities.
+        Returns the output and, if asked, both attentions' probabilities (the encoder-decoder
+        one None without that sub-layer).
         """
         h = self.self_attn_residual.sublayer_input(y)
-        attended, self_weights = self.self_attn(
-            h,
-            h,
-            attn_mask=self_attn_mask,
-            is_causal=causal and self_attn_mask is None,
-            incremental_state=incremental_state,
-            need_weights=need_weights,
-            beam=beam,
-        )
+        if self.cross_self_attention:
+            attended, self_weights = self.self_attn(
+                h,
+                encoder_out,
+                encoder_mask,
+                self_attn_mask=self_attn_mask,
+                is_causal=causal,
+                incremental_state=incremental_state,
+                need_weights=need_weights,
+                beam=beam,
+            )
+        else:
+            attended, self_weights = self.self_attn(
+                h,
+                h,
+                attn_mask=self_attn_mask,
+                is_causal=causal and self_attn_mask is None,
+                incremental_state=incremental_state,
+                need_weights=need_weights,
+                beam=beam,
+            )
         y = self.self_attn_residual(y, attended)
 
-        h = self.encoder_attn_residual.sublayer_input(y)
-        attended, cross_weights = self.encoder_attn(
-            h,
-            encoder_out,
-            attn_mask=encoder_mask,
-            incremental_state=incremental_state,
-            need_weights=need_weights,
-            beam=beam,
-        )
-        y = self.encoder_attn_residual(y, attended)
+        cross_weights = None
+        if self.encoder_attn is not None and self.encoder_attn_residual is not None:
+            h = self.encoder_attn_residual.sublayer_input(y)
+            attended, cross_weights = self.encoder_attn(
+                h,
+                encoder_out,
+                attn_mask=encoder_mask,
+                incremental_state=incremental_state,
+                need_weights=need_weights,
+                beam=beam,
+            )
+            y = self.encoder_attn_residual(y, attended)
 
         y = self.ffn_residual(y, self.ffn(self.ffn_residual.sublayer_input(y)))
         return y, {"self_attn": self_weights, "encoder_attn": cross_weights}

@@ -1,9 +1,9 @@
-# shellcheck shell=bash
-# WMT14 English-German as the paper uses it (§5.1): Europarl v7, Common Crawl and News
-# Commentary v9 for training (about 4.5M pairs), newstest2013 for development, newstest2014
-# (full, 3003 sentences) for test; joint byte-pair encoding (subword-nmt).
-# Sourced by the step scripts; every value can be overridden from the environment.
-PAIR_NAME=wmt14_en_de
+# shellcheck shell=bash disable=SC2034
+# Language pair wmt14_en_de (the name of this file): WMT14 English-German as the paper uses it
+# (§5.1): Europarl v7, Common Crawl and News Commentary v9 for training (about 4.5M pairs),
+# newstest2013 for development, newstest2014 (full, 3003 sentences) for test; joint byte-pair
+# encoding (subword-nmt). Read by load_pair (recipes/common.sh); the steps' settings that vary
+# per run (WORK_DIR, BPE_OPS, ...) are environment variables of the steps, not set here.
 SRC_LANG=en
 TGT_LANG=de
 SUBWORD=bpe

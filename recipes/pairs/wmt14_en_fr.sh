@@ -1,10 +1,10 @@
-# shellcheck shell=bash
-# WMT14 English-French as the paper uses it (§5.1): Europarl v7, Common Crawl, News Commentary
-# v9, the UN corpus and the 10^9 (giga-fren) corpus for training (about 36M pairs),
-# newstest2013 for development, newstest2014 (full, 3003 sentences) for test; a 32000-piece
-# SentencePiece model stands in for the paper's word pieces.
-# Sourced by the step scripts; every value can be overridden from the environment.
-PAIR_NAME=wmt14_en_fr
+# shellcheck shell=bash disable=SC2034
+# Language pair wmt14_en_fr (the name of this file): WMT14 English-French as the paper uses it
+# (§5.1): Europarl v7, Common Crawl, News Commentary v9, the UN corpus and the 10^9 (giga-fren)
+# corpus for training (about 36M pairs), newstest2013 for development, newstest2014 (full, 3003
+# sentences) for test; a SentencePiece model stands in for the paper's word pieces. Read by
+# load_pair (recipes/common.sh); the steps' settings that vary per run (WORK_DIR, SPM_VOCAB,
+# ...) are environment variables of the steps, not set here.
 SRC_LANG=en
 TGT_LANG=fr
 SUBWORD=sentencepiece
