@@ -277,3 +277,30 @@ def test_paper_alpha_is_the_default(exports):
     translator = load_translator(exports["postnorm_shared"], backend="ctranslate2")
     assert (translator.beam, translator.lenpen, translator.length_penalty_form) == (
         4, LENPEN, "gnmt")
+
+
+@pytest.mark.parametrize("options, refused", [
+    ({"layernorm_embedding": True}, None),
+    ({"encoder_layers_to_keep": "1"}, None),
+    ({"cross_self_attention": True}, "--cross-self-attention"),
+    ({"no_token_positional_embeddings": True}, "--no-token-positional-embeddings"),
+    ({"decoder_output_dim": 24, "share_all_embeddings": False}, "--decoder-output-dim"),
+], ids=["layernorm-embedding", "layers-to-keep", "cross-self-attention", "no-positions",
+        "output-dim"])
+def test_options_beyond_the_paper_export_or_are_refused(options, refused, shipping_models,
+                                                         tmp_path):
+    """A float32 export verifies itself against our log-probabilities: passing means the
+    options map; what CTranslate2's Transformer lacks is one line, nothing written."""
+    from user_plugin.export.ctranslate2_model import export_ctranslate2
+    from user_plugin.files import UserError
+
+    checkpoint = tmp_path / "variant.pt"
+    our_checkpoint_with(shipping_models.checkpoints["postnorm_shared"], checkpoint, **options)
+    output = tmp_path / "out"
+    if refused is None:
+        written = export_ctranslate2(checkpoint, shipping_models.data_bin, output)
+        assert written.manifest["verified_max_logprob_difference"] <= 1e-3
+    else:
+        with pytest.raises(UserError, match=refused):
+            export_ctranslate2(checkpoint, shipping_models.data_bin, output)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["variant.pt"]

@@ -222,3 +222,31 @@ def test_rerun_replaces_the_file_atomically(shipping_models, exported, tmp_path)
     first = torch.load(exported["postnorm_shared"], map_location="cpu", weights_only=True)
     assert again.keys() == first["model"].keys()
     assert all(torch.equal(again[name], first["model"][name]) for name in again)
+
+
+@pytest.mark.parametrize("options", [
+    {"layernorm_embedding": True},
+    {"no_token_positional_embeddings": True},
+    {"decoder_output_dim": 24, "share_all_embeddings": False},
+    {"cross_self_attention": True},
+    {"no_cross_attention": True},
+    {"encoder_layers_to_keep": "1", "decoder_layerdrop": 0.2},
+    {"encoder_normalize_before": True, "decoder_normalize_before": True,
+     "no_decoder_final_norm": True},
+], ids=lambda options: ",".join(options))
+def test_options_beyond_the_paper_export_to_the_same_function(options, shipping_models,
+                                                              tmp_path):
+    """The export verifies itself (fairseq's loader builds it from the file; its
+    log-probabilities must equal ours): passing means the options map."""
+    from user_plugin.export.fairseq_checkpoint import export_fairseq_checkpoint
+
+    checkpoint = tmp_path / "variant.pt"
+    our_checkpoint_with(shipping_models.checkpoints["postnorm_shared"], checkpoint, **options)
+    output = export_fairseq_checkpoint(checkpoint, shipping_models.data_bin,
+                                       tmp_path / "out.pt")
+    model = torch.load(output, map_location="cpu", weights_only=True)["cfg"]["model"]
+    for name, value in options.items():
+        if name.endswith("layers_to_keep"):
+            assert model[name] is None and model["encoder_layers"] == 1
+        else:
+            assert model[name] == value, name

@@ -80,6 +80,18 @@ def transformer_spec(theirs: nn.Module, task: Any):
 
     encoder, decoder = theirs.encoder, theirs.decoder
     cfg = theirs.cfg
+    pre_norm = bool(cfg.encoder.normalize_before)
+    unsupported = {
+        "--no-token-positional-embeddings": cfg.no_token_positional_embeddings,
+        "--cross-self-attention": cfg.cross_self_attention,
+        "--no-cross-attention": cfg.no_cross_attention,
+        "--adaptive-softmax-cutoff": cfg.adaptive_softmax_cutoff is not None,
+        "--decoder-output-dim": decoder.project_out_dim is not None,
+        "--no-decoder-final-norm": pre_norm and cfg.no_decoder_final_norm,
+    }
+    for option, used in unsupported.items():
+        if used:
+            raise ExportError(f"CTranslate2's Transformer has no {option}")
     if cfg.encoder.normalize_before != cfg.decoder.normalize_before:
         raise ExportError("CTranslate2 needs --encoder-normalize-before and "
                           "--decoder-normalize-before to be the same")
@@ -96,7 +108,8 @@ def transformer_spec(theirs: nn.Module, task: Any):
                           f"(it has {', '.join(activations)})")
     spec = ct2_transformer.TransformerSpec.from_config(
         (len(encoder.layers), len(decoder.layers)), cfg.encoder.attention_heads,
-        pre_norm=bool(cfg.encoder.normalize_before), activation=activations[activation],
+        pre_norm=pre_norm, activation=activations[activation],
+        layernorm_embedding=bool(cfg.layernorm_embedding),
     )
     with torch.no_grad():
         ct2_fairseq.set_transformer_encoder(spec.encoder, encoder)
