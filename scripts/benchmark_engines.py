@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import re
 import statistics
@@ -140,15 +141,17 @@ def fairseq_generate(engine: str, path: Path, args, threads: int) -> dict[str, A
     if proc.returncode != 0 or found is None:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise UserError(f"{engine}: fairseq-generate failed: {tail}")
-    hypotheses: dict[int, str] = {}
+    hypotheses: dict[int, tuple[str, float]] = {}
     for line in proc.stdout.splitlines():
         if line.startswith("H-"):
-            head, _, tokens = line[2:].split("\t", 2)
-            hypotheses.setdefault(int(head), tokens)
+            head, score, tokens = line[2:].split("\t", 2)
+            # fairseq-generate prints scores in base 2
+            hypotheses.setdefault(int(head), (tokens, float(score) * math.log(2)))
     sentences, tokens, seconds = (found.group(1), found.group(2), found.group(3))
+    best = [hypotheses[i] for i in range(len(hypotheses))]
     return {"sentences": int(sentences.replace(",", "")), "tokens": int(tokens.replace(",", "")),
-            "seconds": float(seconds),
-            "hypotheses": [hypotheses[i] for i in range(len(hypotheses))]}
+            "seconds": float(seconds), "hypotheses": [tokens for tokens, _ in best],
+            "scores": [score for _, score in best]}
 
 
 def ctranslate2_worker(spec: dict[str, Any]) -> dict[str, Any]:
@@ -164,7 +167,8 @@ def ctranslate2_worker(spec: dict[str, Any]) -> dict[str, Any]:
     seconds = time.perf_counter() - start
     best = [per_line[0]["tokens"] for per_line in hypos]
     return {"sentences": len(lines), "seconds": seconds,
-            "tokens": sum(len(tokens.split()) + 1 for tokens in best), "hypotheses": best}
+            "tokens": sum(len(tokens.split()) + 1 for tokens in best), "hypotheses": best,
+            "scores": [per_line[0]["score"] for per_line in hypos]}
 
 
 def ctranslate2_run(engine: str, directory: Path, lines_file: Path, args,
@@ -209,9 +213,17 @@ def sacrebleu_of(hypotheses: list[str], references: list[str], codec) -> dict[st
     return {"score": score.score, "signature": str(bleu.get_signature())}
 
 
-def agreement(hypotheses: list[str], exact: list[str]) -> float:
-    """Share of sentences whose hypothesis equals the exact decoder's."""
-    return sum(a == b for a, b in zip(hypotheses, exact)) / len(exact)
+def agreement(run: dict, exact: dict) -> dict[str, Any]:
+    """Share of sentences whose hypothesis equals the exact decoder's, and where they differ,
+    how much better the exact decoder's pick scores (each engine's own score of its pick, in
+    nats; meaningful for engines ranking by the same GNMT penalty): near-ties have gaps near
+    zero."""
+    differ = [i for i, (a, b) in enumerate(zip(run["hypotheses"], exact["hypotheses"]))
+              if a != b]
+    gaps = sorted(exact["scores"][i] - run["scores"][i] for i in differ)
+    return {"share": 1 - len(differ) / len(exact["hypotheses"]), "differ": len(differ),
+            "score_gap_median": statistics.median(gaps) if gaps else 0.0,
+            "score_gap_max": max(gaps) if gaps else 0.0}
 
 
 # -- report -----------------------------------------------------------------------------------
@@ -219,11 +231,11 @@ def agreement(hypotheses: list[str], exact: list[str]) -> float:
 
 def summarize(runs: dict[str, dict[int, list[dict]]], engines: Sequence[str],
               thread_counts: Sequence[int], references: list[str], codec) -> dict[str, Any]:
-    exact = runs["ours"][thread_counts[0]][0]["hypotheses"] if "ours" in runs else None
+    exact = runs["ours"][thread_counts[0]][0] if "ours" in runs else None
     summary: dict[str, Any] = {}
     for engine in engines:
-        first = runs[engine][thread_counts[0]][0]["hypotheses"]
-        entry: dict[str, Any] = {"bleu": sacrebleu_of(first, references, codec)}
+        first = runs[engine][thread_counts[0]][0]
+        entry: dict[str, Any] = {"bleu": sacrebleu_of(first["hypotheses"], references, codec)}
         if exact is not None:
             entry["agreement_with_exact"] = agreement(first, exact)
         for threads in thread_counts:
@@ -259,7 +271,7 @@ def markdown(summary: dict[str, Any], thread_counts: Sequence[int]) -> str:
                       f"{run.get('speedup_over_builtin', float('nan')):.2f}x"]
         cells.append(f"{entry['bleu']['score']:.2f}")
         share = entry.get("agreement_with_exact")
-        cells.append("" if share is None else f"{share:.1%}")
+        cells.append("" if share is None else f"{share['share']:.1%}")
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 

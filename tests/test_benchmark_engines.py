@@ -36,14 +36,15 @@ def test_engines_decode_the_same_sentences_and_report_speed_bleu_agreement(shipp
         assert [run["sentences"] for run in runs["1"]] == [100, 100], engine
         assert all(run["tokens"] > 100 and run["seconds"] > 0 for run in runs["1"])
         assert summary[engine]["threads_1"]["sentences_per_s"] > 0
-    assert summary["ours"]["agreement_with_exact"] == 1.0
+    assert summary["ours"]["agreement_with_exact"]["share"] == 1.0
     assert summary["builtin"]["threads_1"]["speedup_over_builtin"] == pytest.approx(1.0)
     # CTranslate2 float32 re-ranked by the GNMT penalty is the exact decoder here, so it
     # scores the same BLEU; int8 and fairseq's own penalty may differ a little.
-    assert summary["ct2-float32"]["agreement_with_exact"] >= 0.97
-    if summary["ct2-float32"]["agreement_with_exact"] == 1.0:
+    float32 = summary["ct2-float32"]["agreement_with_exact"]
+    assert float32["share"] >= 0.97 and float32["differ"] <= 3
+    if float32["differ"] == 0:
         assert summary["ct2-float32"]["bleu"]["score"] == summary["ours"]["bleu"]["score"]
-    assert summary["ct2-int8"]["agreement_with_exact"] > 0.5
+    assert summary["ct2-int8"]["agreement_with_exact"]["share"] > 0.5
     assert all(0 < entry["bleu"]["score"] <= 100 and "nrefs:1" in entry["bleu"]["signature"]
                for entry in summary.values())
     table = markdown.read_text()

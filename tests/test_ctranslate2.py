@@ -141,6 +141,8 @@ def test_rerank_recovers_raw_scores_and_applies_each_penalty():
     assert gnmt[0]["raw_score"] == pytest.approx(-3.0)
     assert gnmt[0]["score"] == pytest.approx(-3.0 / ((5 + 3) / 6) ** 0.6)
     assert gnmt[0]["length"] == 3
+    empty = rerank([[]], [0.0], 0.6, 0.6, "fairseq")  # what CTranslate2 gives an empty source
+    assert empty == [{"tokens": "", "score": 0.0, "raw_score": 0.0, "length": 0}]
 
 
 def test_hub_backend_translates_strings_lists_and_nbest(shipping_models, exports):

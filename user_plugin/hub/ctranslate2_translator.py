@@ -73,8 +73,10 @@ def rerank(tokens: Sequence[Sequence[str]], scores: Sequence[float], engine_lp: 
         length = len(hypothesis)
         raw = score * length ** engine_lp
         words = list(hypothesis[:-1]) if hypothesis and hypothesis[-1] == "</s>" else hypothesis
-        ranked.append({"tokens": " ".join(words), "score": raw / penalty(length, alpha),
-                       "raw_score": raw, "length": length})
+        # an empty source translates to an empty hypothesis (no EOS, nothing to normalize)
+        score = raw / penalty(length, alpha) if length else raw
+        ranked.append({"tokens": " ".join(words), "score": score, "raw_score": raw,
+                       "length": length})
     ranked.sort(key=lambda hypo: -hypo["score"])
     return ranked
 
