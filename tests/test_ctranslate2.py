@@ -194,7 +194,8 @@ def copy_export(exports, tmp_path, variant="postnorm_shared"):
 
 
 @pytest.mark.parametrize("damage", ["truncated model", "other vocabulary", "no manifest",
-                                    "foreign file", "missing config", "not a directory"])
+                                    "garbled manifest", "foreign file", "missing config",
+                                    "not a directory"])
 def test_corrupt_or_mixed_directory_is_one_error_line(damage, exports, tmp_path):
     directory = copy_export(exports, tmp_path)
     if damage == "truncated model":
@@ -210,6 +211,11 @@ def test_corrupt_or_mixed_directory_is_one_error_line(damage, exports, tmp_path)
     elif damage == "no manifest":
         (directory / MANIFEST).unlink()
         named = MANIFEST
+    elif damage == "garbled manifest":
+        manifest = json.loads((directory / MANIFEST).read_text())
+        del manifest["source_lang"]
+        (directory / MANIFEST).write_text(json.dumps(manifest))
+        named = "source_lang"
     elif damage == "foreign file":
         (directory / "checkpoint_best.pt").write_bytes(b"another model")
         named = "checkpoint_best.pt"

@@ -44,6 +44,9 @@ from .fairseq_checkpoint import ExportError, load_our_model, probe_batch, to_bui
 MANIFEST = "vaswani_export.json"
 #: The manifest's format name; a directory without it is not one of our exports.
 FORMAT = "vaswani-ctranslate2/1"
+#: What a manifest must hold besides its format.
+MANIFEST_KEYS = ("source_lang", "target_lang", "moses", "bpe_codes", "sentencepiece_model",
+                 "max_source_positions", "max_target_positions", "files")
 #: Names the subword model gets in the directory (the hub looks for these first).
 BPE_CODES_NAME = "bpecodes"
 SENTENCEPIECE_NAME = "sentencepiece.bpe.model"
@@ -64,7 +67,7 @@ def require_ctranslate2():
     return ctranslate2
 
 
-def ctranslate2_vocabulary(dictionary) -> list[str]:
+def ctranslate2_vocabulary(dictionary: Any) -> list[str]:
     """A fairseq dictionary's symbols in CTranslate2's convention (padding is ``<blank>``)."""
     return [CT2_PAD if symbol == "<pad>" else symbol for symbol in dictionary.symbols]
 
@@ -75,7 +78,6 @@ def transformer_spec(theirs: nn.Module, task: Any):
     what the specification cannot express."""
     require_ctranslate2()
     from ctranslate2.converters import fairseq as ct2_fairseq
-    from ctranslate2.specs import common_spec
     from ctranslate2.specs import transformer_spec as ct2_transformer
 
     encoder, decoder = theirs.encoder, theirs.decoder
@@ -98,10 +100,8 @@ def transformer_spec(theirs: nn.Module, task: Any):
     if cfg.encoder.attention_heads != cfg.decoder.attention_heads:
         raise ExportError("CTranslate2 needs --encoder-attention-heads and "
                           "--decoder-attention-heads to be the same")
-    activations = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,
-                   "gelu_accurate": common_spec.Activation.GELUTanh,
-                   "gelu_fast": common_spec.Activation.GELUTanh,
-                   "swish": common_spec.Activation.SWISH}
+    # fairseq's activation names -> CTranslate2's, as its fairseq converter maps them
+    activations = ct2_fairseq._SUPPORTED_ACTIVATIONS
     activation = str(cfg.activation_fn)
     if activation not in activations:
         raise ExportError(f"CTranslate2 has no activation {activation!r} "
@@ -122,6 +122,7 @@ def transformer_spec(theirs: nn.Module, task: Any):
 
 
 def sha256_of(path: Path) -> str:
+    """The sha256 of a file, read in 1 MiB blocks."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -157,6 +158,9 @@ def read_manifest(directory: str | os.PathLike) -> dict:
                         f"{error.lineno})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise UserError(f"{path}: not a manifest of format {FORMAT}")
+    missing = [key for key in MANIFEST_KEYS if key not in manifest]
+    if missing:
+        raise UserError(f"{path}: corrupt manifest (no {missing[0]!r})")
     return manifest
 
 
@@ -171,6 +175,8 @@ def check_export_directory(directory: str | os.PathLike) -> dict:
         raise UserError(f"{directory / MANIFEST}: lists no files")
     for name, record in recorded.items():
         path = directory / name
+        if not isinstance(record, dict):
+            raise UserError(f"{directory / MANIFEST}: corrupt manifest (entry {name!r})")
         if not path.is_file():
             raise UserError(f"{path}: missing from the export (listed in {MANIFEST})")
         size = path.stat().st_size
