@@ -28,7 +28,10 @@ setup(
         "matplotlib",
     ],
     extras_require={
-        "test": ["pytest", "hypothesis", "matplotlib", "ruff"],
+        # ctranslate2: python -m user_plugin.export --to ctranslate2 and the hub's
+        # backend="ctranslate2" (CPU int8 decoding); the tests run them.
+        "test": ["pytest", "hypothesis", "matplotlib", "ruff", "ctranslate2==4.8.5"],
         "plot": ["matplotlib"],
+        "ctranslate2": ["ctranslate2==4.8.5"],
     },
 )

@@ -209,3 +209,20 @@ def shipping_models(multi30k_bin) -> SimpleNamespace:
         checkpoints[variant] = average
     return SimpleNamespace(data_bin=multi30k_bin.data_bin, text_dir=multi30k_bin.text_dir,
                            checkpoints=checkpoints)
+
+
+def our_checkpoint_with(source, output, **model_options) -> None:
+    """A checkpoint like ``source`` with other model options ``model_options`` (and, for our
+    architectures, freshly initialized weights of that shape)."""
+    from user_plugin.models.transformer_config import VaswaniTransformerConfig
+    from user_plugin.models.vaswani_transformer import VaswaniTransformerModel
+
+    state = torch.load(source, map_location="cpu", weights_only=True)
+    state["cfg"]["model"].update(model_options)
+    if state["cfg"]["model"]["_name"].startswith("vaswani"):
+        dictionary = make_dictionary(state["model"]["encoder.embed_tokens.weight"].size(0))
+        cfg = VaswaniTransformerConfig(**{key: value for key, value in
+                                          state["cfg"]["model"].items() if key != "_name"})
+        model = VaswaniTransformerModel.build_model(cfg, fake_task(dictionary))
+        state["model"] = model.state_dict()
+    torch.save(state, output)

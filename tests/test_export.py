@@ -13,7 +13,14 @@ import sys
 import pytest
 import torch
 from cli import REPO, USER_DIR, fairseq_env, hypotheses, run_fairseq
-from conftest import SHIPPING_VARIANTS, TINY, build_vaswani, fake_task, make_dictionary
+from conftest import (
+    SHIPPING_VARIANTS,
+    TINY,
+    build_vaswani,
+    fake_task,
+    make_dictionary,
+    our_checkpoint_with,
+)
 
 from user_plugin.export.fairseq_checkpoint import (
     OPTION_MAPPING,
@@ -132,19 +139,6 @@ def test_sinusoids_become_the_learned_table_from_fairseq_padding_offset(shipping
     assert torch.equal(table[pad + 1:], sinusoidal_table(positions, dim))
 
 
-def our_checkpoint_with(source, output, **model_options) -> None:
-    """A checkpoint like ``source`` with other model options (and weights to match)."""
-    state = torch.load(source, map_location="cpu", weights_only=True)
-    state["cfg"]["model"].update(model_options)
-    if state["cfg"]["model"]["_name"].startswith("vaswani"):
-        dictionary = make_dictionary(state["model"]["encoder.embed_tokens.weight"].size(0))
-        cfg = VaswaniTransformerConfig(**{key: value for key, value in
-                                          state["cfg"]["model"].items() if key != "_name"})
-        model = VaswaniTransformerModel.build_model(cfg, fake_task(dictionary))
-        state["model"] = model.state_dict()
-    torch.save(state, output)
-
-
 def test_row_b_model_is_refused_with_one_line(shipping_models, tmp_path):
     checkpoint = tmp_path / "row_b.pt"
     our_checkpoint_with(shipping_models.checkpoints["postnorm_shared"], checkpoint,
@@ -228,3 +222,31 @@ def test_rerun_replaces_the_file_atomically(shipping_models, exported, tmp_path)
     first = torch.load(exported["postnorm_shared"], map_location="cpu", weights_only=True)
     assert again.keys() == first["model"].keys()
     assert all(torch.equal(again[name], first["model"][name]) for name in again)
+
+
+@pytest.mark.parametrize("options", [
+    {"layernorm_embedding": True},
+    {"no_token_positional_embeddings": True},
+    {"decoder_output_dim": 24, "share_all_embeddings": False},
+    {"cross_self_attention": True},
+    {"no_cross_attention": True},
+    {"encoder_layers_to_keep": "1", "decoder_layerdrop": 0.2},
+    {"encoder_normalize_before": True, "decoder_normalize_before": True,
+     "no_decoder_final_norm": True},
+], ids=lambda options: ",".join(options))
+def test_options_beyond_the_paper_export_to_the_same_function(options, shipping_models,
+                                                              tmp_path):
+    """The export verifies itself (fairseq's loader builds it from the file; its
+    log-probabilities must equal ours): passing means the options map."""
+    from user_plugin.export.fairseq_checkpoint import export_fairseq_checkpoint
+
+    checkpoint = tmp_path / "variant.pt"
+    our_checkpoint_with(shipping_models.checkpoints["postnorm_shared"], checkpoint, **options)
+    output = export_fairseq_checkpoint(checkpoint, shipping_models.data_bin,
+                                       tmp_path / "out.pt")
+    model = torch.load(output, map_location="cpu", weights_only=True)["cfg"]["model"]
+    for name, value in options.items():
+        if name.endswith("layers_to_keep"):
+            assert model[name] is None and model["encoder_layers"] == 1
+        else:
+            assert model[name] == value, name

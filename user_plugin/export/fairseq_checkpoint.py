@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from ..builtin_transformer import (
+    EXTRA_SHARED_OPTIONS,
     SHARED_OPTIONS,
     build_fairseq_transformer,
     copy_our_weights_into_fairseq,
@@ -51,6 +52,7 @@ from ..builtin_transformer import (
 from ..files.atomic import atomic_write
 from ..files.checkpoints import torch_save
 from ..files.errors import UserError
+from ..models.transformer_config import UNSUPPORTED_OPTIONS
 from ..paper import BEAM, LENPEN, MAX_LEN_OVER_SOURCE
 
 #: The model name and architecture of fairseq's built-in Transformer.
@@ -58,18 +60,33 @@ BUILTIN_MODEL = "transformer"
 #: Our model's registered name; extensions register others.
 OUR_MODEL = "vaswani_transformer"
 
+#: Options of fairseq's ``transformer`` that act only while training (LayerDrop, activation
+#: checkpointing, FSDP wrapping, Quant-Noise); the export carries them as they are.
+TRAINING_OPTIONS = (
+    "encoder_layerdrop", "decoder_layerdrop", "checkpoint_activations", "offload_activations",
+    "min_params_to_wrap", "export", "quant_noise_pq", "quant_noise_pq_block_size",
+    "quant_noise_scalar",
+)
+
 #: How each option of our model configuration reaches fairseq's ``transformer``: ``same`` (same
-#: name, same meaning), ``learned table`` (the positions become a learned table holding ours)
-#: or ``d_model / heads only`` (the built-in has no such option; only its fixed value exports),
-#: or ``not exported`` (how alignments are read at decoding time: the built-in always aligns
-#: with its last layer's heads, fairseq's defaults).
+#: name, same meaning), ``learned table`` (the positions become a learned table holding ours),
+#: ``d_model / heads only`` (the built-in has no such option; only its fixed value exports),
+#: ``applied`` (the export holds the kept layers only), ``dropped`` (initialization only: the
+#: weights are in the checkpoint), ``default`` (our model refuses any other value) or ``not
+#: exported`` (how alignments are read at decoding time: the built-in always aligns with its
+#: last layer's heads, fairseq's defaults).
 OPTION_MAPPING: dict[str, str] = {
-    **{name: "same" for name in SHARED_OPTIONS},
-    "activation_fn": "same",
+    **{name: "same" for name in (*SHARED_OPTIONS, *EXTRA_SHARED_OPTIONS, *TRAINING_OPTIONS,
+                                 "activation_fn")},
+    **{name: "default" for name in UNSUPPORTED_OPTIONS},
     "encoder_learned_pos": "learned table",
     "decoder_learned_pos": "learned table",
     "attention_key_dim": "d_model / heads only",
     "attention_value_dim": "d_model / heads only",
+    "encoder_layers_to_keep": "applied",
+    "decoder_layers_to_keep": "applied",
+    "encoder_embed_path": "dropped",
+    "decoder_embed_path": "dropped",
     "alignment_layer": "not exported",
     "alignment_heads": "not exported",
     "full_context_alignment": "not exported",
@@ -156,13 +173,21 @@ def refusal(model: nn.Module) -> str | None:
 
 def builtin_options(cfg: Any) -> argparse.Namespace:
     """The complete option namespace of fairseq's ``transformer`` for our configuration
-    ``cfg``: the shared options as they are, learned positions on both sides (they hold our
-    table), every other option at the built-in's default (``base_architecture``)."""
+    ``cfg`` (see :data:`OPTION_MAPPING`): learned positions on both sides (they hold our
+    table), the layer counts after ``--*-layers-to-keep`` with nothing left to prune, no
+    pre-trained embedding files, every other option at the built-in's default
+    (``base_architecture``)."""
     from fairseq.models.transformer import base_architecture
 
     options = argparse.Namespace(**{name: getattr(cfg, name) for name in SHARED_OPTIONS})
+    for name in (*EXTRA_SHARED_OPTIONS, *TRAINING_OPTIONS):
+        value = getattr(cfg, name, None)
+        if value is not None:
+            setattr(options, name, value)
     options.activation_fn = str(cfg.activation_fn)
     options.encoder_learned_pos = options.decoder_learned_pos = True
+    options.encoder_layers_to_keep = options.decoder_layers_to_keep = None
+    options.encoder_embed_path = options.decoder_embed_path = None
     base_architecture(options)
     return options
 
@@ -174,6 +199,8 @@ def copy_positions(ours: nn.Module, theirs: nn.Module) -> None:
 
     for side in ("encoder", "decoder"):
         our_positions = getattr(ours, side).embed_positions
+        if our_positions is None:  # --no-token-positional-embeddings: neither has a table
+            continue
         target = getattr(theirs, side).embed_positions.weight
         offset = getattr(theirs, side).padding_idx + 1
         if isinstance(our_positions, SinusoidalPositionalEncoding):

@@ -37,10 +37,14 @@ n-best lists, lexical constraints, sampling and alignments are options of each c
 Command line: ``python -m user_plugin.hub MODEL_DIR [--source-lang en --target-lang de ...]``
 translates stdin line by line.
 
+``load_translator(EXPORT_DIR, backend="ctranslate2")`` (``--backend ctranslate2``) translates
+with a CTranslate2 export (``python -m user_plugin.export ... --to ctranslate2``) instead: the
+same text pipeline, the paper's decoding as closely as that engine allows.
+
 Modules: :mod:`.model_files` (finding a model directory's files and its language pair),
 :mod:`.text_codec` (:class:`TextCodec`), :mod:`.translator` (:class:`Translator`),
 :mod:`.loader` (:func:`load_translator`), :mod:`.cli` (``main``), :mod:`.errors`
-(:class:`HubError`).
+(:class:`HubError`), :mod:`.ctranslate2_translator` (the ``ctranslate2`` backend).
 """
 
 from .cli import main

@@ -60,6 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sampling-topp", type=float, default=-1.0)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--seed", type=int, help="makes sampling repeatable")
+    parser.add_argument("--backend", choices=("fairseq", "ctranslate2"), default="fairseq",
+                        help="ctranslate2: MODEL_DIR is an export of python -m "
+                        "user_plugin.export --to ctranslate2")
     args = parser.parse_args(argv)
     # stderr carries warnings and errors only: fairseq sets up logging at INFO when imported,
     # and its batch iterator asks for pinned memory, which torch warns about on a CPU
@@ -71,6 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             source_lang=args.source_lang, target_lang=args.target_lang,
             bpe_codes=args.bpe_codes, sentencepiece_model=args.sentencepiece_model,
             beam=args.beam, lenpen=args.lenpen, batch_size=args.batch_size,
+            backend=args.backend,
         )
         lines = read_input_lines(sys.stdin)
         constraints = None

@@ -17,7 +17,7 @@ from ..tasks.vaswani_translation import TASK_NAME
 from .errors import HubError
 from .model_files import find_model_files, language_pair
 from .text_codec import TextCodec
-from .translator import Translator
+from .translator import TextTranslator, Translator
 
 
 def read_model_checkpoint(path: Path) -> dict:
@@ -103,12 +103,30 @@ def load_translator(
     batch_size: int = 64,
     max_tokens: int | None = None,
     device: str = "cpu",
-) -> Translator:
+    backend: str = "fairseq",
+) -> TextTranslator:
     """Load a model directory (see :mod:`user_plugin.hub.model_files`); raises
     :class:`HubError` naming the file when something is missing or unreadable.
 
     Text goes through sacremoses unless a SentencePiece model is used (``moses=`` overrides).
+    ``backend="ctranslate2"`` loads a CTranslate2 export directory instead
+    (:mod:`user_plugin.hub.ctranslate2_translator`), with the same text pipeline and decoding
+    defaults.
     """
+    if backend == "ctranslate2":
+        from .ctranslate2_translator import CTranslate2Translator, open_export
+
+        if checkpoints is not None or data_dir is not None or max_tokens is not None:
+            raise HubError("checkpoints=, data_dir= and max_tokens= belong to the fairseq "
+                           "backend: a CTranslate2 export holds its model and vocabularies")
+        engine, codec, manifest = open_export(model_dir, source_lang, target_lang, bpe_codes,
+                                              sentencepiece_model, moses, device)
+        return CTranslate2Translator(
+            engine, codec, manifest, beam=beam, lenpen=lenpen, batch_size=batch_size,
+            length_penalty_form=length_penalty_form, max_len_over_source=max_len_over_source,
+        )
+    if backend != "fairseq":
+        raise HubError(f"backend must be 'fairseq' or 'ctranslate2', got {backend!r}")
     files = find_model_files(model_dir, checkpoints, data_dir, bpe_codes, sentencepiece_model)
     states = [read_model_checkpoint(path) for path in files.checkpoints]
     task_cfg = states[0]["cfg"].task

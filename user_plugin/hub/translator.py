@@ -55,7 +55,71 @@ class DecodingSettings:
         )
 
 
-class Translator:
+class TextTranslator:
+    """Raw text in, raw text out, around a :meth:`translate_tokens` of model tokens: the text
+    pipeline shared by the hub's backends (fairseq's beam search, CTranslate2)."""
+
+    codec: TextCodec
+
+    def translate_tokens(
+        self, lines: Sequence[str], nbest: int = 1, beam: int | None = None,
+        lenpen: float | None = None, constraints: Sequence[Sequence[str]] | None = None,
+        **decoding: Any,
+    ) -> list[list[dict]]:
+        """Per encoded line, ``nbest`` dicts best first with the ``tokens`` string; the
+        decoding keywords are the fairseq backend's, and a backend refuses those it lacks."""
+        raise NotImplementedError
+
+    def translate(
+        self,
+        sentences: str | Sequence[str],
+        nbest: int = 1,
+        beam: int | None = None,
+        lenpen: float | None = None,
+        constraints: Sequence[str] | Sequence[Sequence[str]] | None = None,
+        **decoding: Any,
+    ):
+        """Translate raw text.
+
+        ``translate("s")`` -> str; ``translate("s", nbest=k)`` -> k strings (best first);
+        ``translate([...])`` -> one str (or one list of k strings) per sentence. An empty (or
+        blank) sentence gives an empty translation without decoding. A sentence longer than the
+        model's source positions is a ``ValueError`` naming it, raised before any decoding.
+
+        ``constraints``: raw target phrases the translation must contain (a list for one
+        sentence, one list per sentence for several), tokenized and split into subwords as the
+        output is. Other keywords as :meth:`translate_tokens` (``unordered_constraints``,
+        ``sampling``, ``sampling_topk``, ``sampling_topp``, ``temperature``, ``seed``).
+        """
+        single = isinstance(sentences, str)
+        lines = [sentences] if single else list(sentences)
+        if constraints is not None and single:
+            constraints = [constraints]
+        encoded = [self.codec.encode(line) for line in lines]
+        # An empty line translates to an empty line (not decoded), so outputs stay aligned.
+        kept = [i for i, line in enumerate(encoded) if line.strip()]
+        kept_constraints = None
+        if constraints is not None:
+            if isinstance(constraints, str) or len(constraints) != len(lines):
+                raise ValueError(
+                    "constraints= needs a list of phrases for one sentence, or one list per "
+                    f"sentence ({len(lines)})"
+                )
+            kept_constraints = [[self.codec.encode(phrase, target=True) for phrase in
+                                 constraints[i]] for i in kept]
+        hypos = self.translate_tokens(
+            [encoded[i] for i in kept], nbest=nbest, beam=beam, lenpen=lenpen,
+            constraints=kept_constraints, **decoding,
+        )
+        outputs = [[""] * nbest for _ in lines]
+        for i, per_line in zip(kept, hypos):
+            outputs[i] = [self.codec.decode(h["tokens"]) for h in per_line]
+        if nbest == 1:
+            outputs = [per_line[0] for per_line in outputs]
+        return outputs[0] if single else outputs
+
+
+class Translator(TextTranslator):
     """An ensemble of checkpoints with its task, dictionaries and text pre/post-processing.
 
     :meth:`translate_tokens` decodes lines of model tokens; :meth:`translate` wraps it with the
@@ -207,51 +271,3 @@ class Translator:
         if alignment:
             out["alignment"] = [(int(s), int(t)) for s, t in hypo["alignment"]]
         return out
-
-    def translate(
-        self,
-        sentences: str | Sequence[str],
-        nbest: int = 1,
-        beam: int | None = None,
-        lenpen: float | None = None,
-        constraints: Sequence[str] | Sequence[Sequence[str]] | None = None,
-        **decoding: Any,
-    ):
-        """Translate raw text.
-
-        ``translate("s")`` -> str; ``translate("s", nbest=k)`` -> k strings (best first);
-        ``translate([...])`` -> one str (or one list of k strings) per sentence. An empty (or
-        blank) sentence gives an empty translation without decoding. A sentence longer than the
-        model's source positions is a ``ValueError`` naming it, raised before any decoding.
-
-        ``constraints``: raw target phrases the translation must contain (a list for one
-        sentence, one list per sentence for several), tokenized and split into subwords as the
-        output is. Other keywords as :meth:`translate_tokens` (``unordered_constraints``,
-        ``sampling``, ``sampling_topk``, ``sampling_topp``, ``temperature``, ``seed``).
-        """
-        single = isinstance(sentences, str)
-        lines = [sentences] if single else list(sentences)
-        if constraints is not None and single:
-            constraints = [constraints]
-        encoded = [self.codec.encode(line) for line in lines]
-        # An empty line translates to an empty line (not decoded), so outputs stay aligned.
-        kept = [i for i, line in enumerate(encoded) if line.strip()]
-        kept_constraints = None
-        if constraints is not None:
-            if isinstance(constraints, str) or len(constraints) != len(lines):
-                raise ValueError(
-                    "constraints= needs a list of phrases for one sentence, or one list per "
-                    f"sentence ({len(lines)})"
-                )
-            kept_constraints = [[self.codec.encode(phrase, target=True) for phrase in
-                                 constraints[i]] for i in kept]
-        hypos = self.translate_tokens(
-            [encoded[i] for i in kept], nbest=nbest, beam=beam, lenpen=lenpen,
-            constraints=kept_constraints, **decoding,
-        )
-        outputs = [[""] * nbest for _ in lines]
-        for i, per_line in zip(kept, hypos):
-            outputs[i] = [self.codec.decode(h["tokens"]) for h in per_line]
-        if nbest == 1:
-            outputs = [per_line[0] for per_line in outputs]
-        return outputs[0] if single else outputs

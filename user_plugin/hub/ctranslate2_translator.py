@@ -1,0 +1,229 @@
+"""The hub's ``ctranslate2`` backend: raw text through a CTranslate2 export, decoded as close to
+the paper (§6.1) as the engine allows.
+
+The export directory (``python -m user_plugin.export ... --to ctranslate2``) carries the model,
+its vocabularies, the subword model and a manifest with the language pair and text pipeline,
+so the same :class:`~.text_codec.TextCodec` (Moses, BPE or SentencePiece, detokenization) runs
+around it as around the fairseq backend.
+
+CTranslate2's beam search is fairseq's: ``2 * beam`` candidates per step, an EOS among the top
+``beam`` finishes a hypothesis and is replaced by the next candidate that is not EOS, a sentence
+stops once ``beam`` hypotheses have finished (when a length penalty is set). The penalty and the
+length limit differ, and are made the paper's here:
+
+* **Penalty.** CTranslate2 divides a finished hypothesis' log-probability by ``|Y| ** lp``
+  (``|Y|`` with EOS, as fairseq's ``--lenpen``) and has no GNMT form. The beam's hypotheses are
+  asked for with their scores and EOS (``num_hypotheses = beam``, ``return_end_token``), the raw
+  ``log P(Y|X)`` is recovered as ``score * |Y| ** lp``, and they are re-ranked by
+  ``log P / ((5 + |Y|) / 6) ** alpha`` (or fairseq's form on request). The search never reads
+  the penalty except to stop: with ``lp = 0`` CTranslate2 stops at the first finished top beam,
+  so a tiny ``lp`` (:data:`NO_PENALTY`) stands for alpha 0.
+* **Length limit.** ``max_decoding_length`` applies to a whole call; the paper's limit is each
+  sentence's own source length + 50. Sentences are therefore batched by source length, each
+  batch with its own limit (``source tokens + N`` tokens, then EOS).
+
+What remains different from our fairseq decoder (docs/export.md measures how often it matters):
+when more hypotheses finish at one step than the beam has room for, CTranslate2 keeps the best
+by its ``|Y| ** lp`` score where fairseq keeps the best raw ones; a sentence that reaches its
+limit ends with the limit's last token where fairseq forces EOS; EOS is impossible at the first
+step in both, but CTranslate2 renormalizes without it where fairseq keeps the other
+probabilities as they are (every hypothesis of a sentence shifts by the same
+``-log(1 - P(EOS first))``, so rankings do not change); and float rounding differs, which flips
+near-ties.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..export.ctranslate2_model import (
+    BPE_CODES_NAME,
+    CT2_PAD,
+    SENTENCEPIECE_NAME,
+    check_export_directory,
+    require_ctranslate2,
+)
+from ..files.errors import UserError, first_line
+from ..generation.gnmt_sequence_generator import (
+    LENGTH_PENALTY_FORMS,
+    fairseq_length_penalty,
+    gnmt_length_penalty,
+)
+from .errors import HubError
+from .text_codec import TextCodec
+from .translator import TextTranslator
+
+#: CTranslate2's length penalty used for alpha = 0: any non-zero value keeps fairseq's rule of
+#: stopping once ``beam`` hypotheses have finished; the raw scores are recovered exactly.
+NO_PENALTY = 1e-6
+
+
+#: The fairseq backend's decoding keywords at their "not asked for" values.
+FAIRSEQ_ONLY_DEFAULTS: dict[str, Any] = {
+    "unordered_constraints": False, "sampling": False, "sampling_topk": -1,
+    "sampling_topp": -1.0, "temperature": 1.0, "seed": None, "alignment": False,
+}
+
+
+def rerank(tokens: Sequence[Sequence[str]], scores: Sequence[float], engine_lp: float,
+           alpha: float, form: str) -> list[dict]:
+    """CTranslate2's hypotheses (with EOS) ranked by the length penalty ``form`` with
+    ``alpha``: dicts ``tokens`` (a string, without EOS), ``score`` (normalized), ``raw_score``
+    (``log P(Y|X)``) and ``length`` (``|Y|`` with EOS), best first. ``engine_lp`` is the penalty
+    CTranslate2 divided ``scores`` by."""
+    penalty = gnmt_length_penalty if form == "gnmt" else fairseq_length_penalty
+    ranked = []
+    for hypothesis, score in zip(tokens, scores):
+        length = len(hypothesis)
+        raw = score * length ** engine_lp
+        words = list(hypothesis[:-1]) if hypothesis and hypothesis[-1] == "</s>" else hypothesis
+        # an empty source translates to an empty hypothesis (no EOS, nothing to normalize)
+        score = raw / penalty(length, alpha) if length else raw
+        ranked.append({"tokens": " ".join(words), "score": score, "raw_score": raw,
+                       "length": length})
+    ranked.sort(key=lambda hypo: -hypo["score"])
+    return ranked
+
+
+class CTranslate2Translator(TextTranslator):
+    """A CTranslate2 export with its text pipeline; decoding defaults are the paper's (beam 4,
+    GNMT alpha 0.6, each output at most its source length + 50 tokens)."""
+
+    def __init__(self, translator, codec: TextCodec, manifest: dict, beam: int = 4,
+                 lenpen: float = 0.6, length_penalty_form: str = "gnmt",
+                 max_len_over_source: int = 50, batch_size: int = 64) -> None:
+        if length_penalty_form not in LENGTH_PENALTY_FORMS:
+            raise ValueError(f"length_penalty_form must be one of {LENGTH_PENALTY_FORMS}, "
+                             f"got {length_penalty_form!r}")
+        if max_len_over_source < 0:
+            raise ValueError("the ctranslate2 backend needs a per-sentence limit: "
+                             f"max_len_over_source >= 0, got {max_len_over_source}")
+        self.translator = translator
+        self.codec = codec
+        self.manifest = manifest
+        self.beam = beam
+        self.lenpen = lenpen
+        self.length_penalty_form = length_penalty_form
+        self.max_len_over_source = max_len_over_source
+        self.batch_size = batch_size
+        self.max_source_tokens = int(manifest["max_source_positions"])
+        self.max_target_tokens = int(manifest["max_target_positions"])
+
+    def output_limit(self, source_tokens: int) -> int:
+        """CTranslate2's ``max_decoding_length`` for a source of ``source_tokens`` tokens (no
+        EOS): the limit's tokens and the EOS after them, within the decoder's positions."""
+        return min(source_tokens + self.max_len_over_source + 1, self.max_target_tokens)
+
+    def translate_tokens(
+        self, lines: Sequence[str], nbest: int = 1, beam: int | None = None,
+        lenpen: float | None = None, constraints: Sequence[Sequence[str]] | None = None,
+        **decoding: Any,
+    ) -> list[list[dict]]:
+        """Decode already encoded source lines (model tokens, space separated): per line,
+        ``nbest`` dicts best first (see :func:`rerank`). This backend is the paper's beam
+        search only: constraints, sampling and alignments are a ``ValueError`` naming the
+        option, since CTranslate2 has no GNMT re-ranking for them."""
+        asked = sorted(name for name, value in decoding.items()
+                       if value != FAIRSEQ_ONLY_DEFAULTS.get(name, not value))
+        if constraints is not None:
+            asked.insert(0, "constraints")
+        if asked:
+            raise ValueError(
+                f"the ctranslate2 backend decodes by beam search only; {', '.join(asked)} "
+                "need the fairseq backend (the checkpoint, not the export)"
+            )
+        beam = self.beam if beam is None else beam
+        alpha = self.lenpen if lenpen is None else lenpen
+        if not 1 <= nbest <= beam:
+            raise ValueError(f"nbest must be between 1 and the beam size {beam}, got {nbest}")
+        sources = [line.split() for line in lines]
+        for number, source in enumerate(sources, start=1):
+            if len(source) + 1 > self.max_source_tokens:
+                raise ValueError(
+                    f"sentence {number} has {len(source) + 1} tokens (with EOS), more than the "
+                    f"model's {self.max_source_tokens} source positions: split or shorten it"
+                )
+        engine_lp = alpha if alpha != 0 else NO_PENALTY
+        by_length: dict[int, list[int]] = defaultdict(list)
+        for index, source in enumerate(sources):
+            by_length[len(source)].append(index)
+        results: list[list[dict]] = [[] for _ in sources]
+        for length, indices in sorted(by_length.items()):
+            for start in range(0, len(indices), self.batch_size):
+                chunk = indices[start: start + self.batch_size]
+                hypotheses = self._decode([sources[i] for i in chunk], length, beam, engine_lp)
+                for index, output in zip(chunk, hypotheses):
+                    ranked = rerank(output.hypotheses, output.scores, engine_lp, alpha,
+                                    self.length_penalty_form)
+                    results[index] = ranked[:nbest]
+        return results
+
+    def _decode(self, sources: list[list[str]], length: int, beam: int, engine_lp: float):
+        """CTranslate2's beam search over ``sources`` (all of ``length`` tokens) with the beam's
+        hypotheses, EOS and scores. fairseq never extends a hypothesis with padding but keeps
+        the other probabilities as they are; CTranslate2 can only suppress a token by
+        renormalizing without it, which shifts the scores. Sentences are decoded without
+        suppression, and only those where padding made it into a hypothesis (a model that
+        gives padding real probability) are decoded again with padding suppressed."""
+        options = dict(beam_size=beam, num_hypotheses=beam, length_penalty=engine_lp,
+                       return_scores=True, return_end_token=True, max_input_length=0,
+                       max_decoding_length=self.output_limit(length), min_decoding_length=1)
+        outputs = self.translator.translate_batch(sources, **options)
+        padded = [i for i, output in enumerate(outputs)
+                  if any(CT2_PAD in hypothesis for hypothesis in output.hypotheses)]
+        if padded:
+            again = self.translator.translate_batch([sources[i] for i in padded],
+                                                    suppress_sequences=[[CT2_PAD]], **options)
+            for i, output in zip(padded, again):
+                outputs[i] = output
+        return outputs
+
+
+def open_export(
+    model_dir: str | os.PathLike,
+    source_lang: str | None = None,
+    target_lang: str | None = None,
+    bpe_codes: str | os.PathLike | None = None,
+    sentencepiece_model: str | os.PathLike | None = None,
+    moses: bool | None = None,
+    device: str = "cpu",
+    threads: int = 0,
+    compute_type: str = "default",
+) -> tuple[object, TextCodec, dict]:
+    """CTranslate2's translator, the text codec and the manifest of an export directory,
+    checked against its manifest first; a one-line :class:`HubError` for a missing, corrupt
+    or mixed directory, or for languages other than the export's. The subword model and Moses
+    come from the manifest unless given.
+
+    ``threads`` is CTranslate2's ``intra_threads`` (0: its default); ``compute_type``
+    "default" runs the weights' type as exported (e.g. int8).
+    """
+    ctranslate2 = require_ctranslate2()
+    model_dir = Path(model_dir)
+    try:
+        manifest = check_export_directory(model_dir)
+    except UserError as error:
+        raise HubError(str(error)) from None
+    for given, side in ((source_lang, "source_lang"), (target_lang, "target_lang")):
+        if given is not None and given != manifest[side]:
+            raise HubError(f"{model_dir}: the export translates {manifest['source_lang']}->"
+                           f"{manifest['target_lang']}, not {side} {given!r}")
+    bpe = Path(bpe_codes) if bpe_codes is not None else (
+        model_dir / BPE_CODES_NAME if manifest.get("bpe_codes") else None)
+    spm = Path(sentencepiece_model) if sentencepiece_model is not None else (
+        model_dir / SENTENCEPIECE_NAME if manifest.get("sentencepiece_model") else None)
+    codec = TextCodec(manifest["source_lang"], manifest["target_lang"],
+                      moses=manifest["moses"] if moses is None else moses,
+                      bpe_codes=bpe, sentencepiece_model=spm)
+    try:
+        engine = ctranslate2.Translator(str(model_dir), device=device,
+                                        compute_type=compute_type, inter_threads=1,
+                                        intra_threads=threads)
+    except (RuntimeError, ValueError) as error:
+        raise HubError(f"{model_dir}: CTranslate2 cannot load the model "
+                       f"({first_line(error)})") from None
+    return engine, codec, manifest
