@@ -159,6 +159,10 @@ def test_hub_backend_translates_strings_lists_and_nbest(shipping_models, exports
     assert len(nbest) == 3 and nbest[0] == batch[1] and len(set(nbest)) == 3
     with pytest.raises(ValueError, match="nbest"):
         translator.translate(SENTENCES[1], nbest=5)
+    for asked, named in (({"sampling": True}, "sampling"), ({"alignment": True}, "alignment"),
+                         ({"constraints": ["a"]}, "constraints")):
+        with pytest.raises(ValueError, match=f"beam search only; {named} need the fairseq"):
+            translator.translate(SENTENCES[1], **asked)
 
 
 def test_hub_command_line_backend(exports, tmp_path):
