@@ -21,6 +21,7 @@ setup(
         "subword-nmt",
         "sentencepiece",
         "sacrebleu>=2.0",
+        "nltk>=3.8",  # tree reading of the parsing recipe (user_plugin/parsing)
     ],
     extras_require={
         "test": ["pytest", "hypothesis", "matplotlib", "ruff"],
