@@ -16,6 +16,11 @@ whose words differ from the gold's, or that cannot be read, is an error sentence
 counted and named on stderr, and more than ``--max-errors`` (COLLINS.prm: 10) stop the run. A
 gold line that is not a tree, a missing file or files of different lengths are errors: one line
 on stderr, exit status 1.
+
+``--punctuation-from-gold`` (not an EVALB setting) lets the gold tags decide which words are
+punctuation on both sides, so that a parser that tags a punctuation word otherwise than the
+gold gets a tagging error instead of an error sentence left out of the totals; every sentence
+EVALB scores keeps its figures. The parsing recipe scores this way.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 # The parsing modules live in the plugin package, whose import brings fairseq, which sets up
@@ -34,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 from _cli import UserError, atomic_write_text, read_lines, run_main  # noqa: E402
+from nltk import Tree  # noqa: E402
 
 from user_plugin.parsing.evalb import (  # noqa: E402
     COLLINS,
@@ -44,36 +50,39 @@ from user_plugin.parsing.evalb import (  # noqa: E402
     report_lines,
     score_corpus,
     sentence_records,
+    sentence_spans,
     spans_of,
 )
 from user_plugin.parsing.trees import TreebankError, parse_tree  # noqa: E402
 
 
-def gold_spans(lines: Sequence[str], path: Path, params: EvalbParameters) -> list[Spans]:
+def read_gold(lines: Sequence[str], path: Path) -> list[Tree]:
     """The gold trees must all be trees: anything else is the user's error."""
-    spans = []
+    trees = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             raise UserError(f"{path}:{number}: empty line, expected a gold tree")
         try:
-            spans.append(spans_of(parse_tree(line, f"{path}:{number}"), params))
+            trees.append(parse_tree(line, f"{path}:{number}"))
         except TreebankError as error:
             raise UserError(str(error)) from None
-    return spans
+    return trees
 
 
-def test_spans(lines: Sequence[str], path: Path, params: EvalbParameters) -> list[Spans]:
-    """Test trees; an unreadable one becomes an error sentence, an empty line a skipped one."""
-    spans = []
-    for number, line in enumerate(lines, start=1):
+def compared_spans(gold: Sequence[Tree], lines: Sequence[str], path: Path,
+                   params: EvalbParameters) -> Iterator[tuple[Spans, Spans]]:
+    """Gold and test spans per sentence: an empty test line is a skipped sentence, an
+    unreadable test tree an error sentence."""
+    for number, (gold_tree, line) in enumerate(zip(gold, lines), start=1):
         if not line.strip():
-            spans.append(Spans())
+            yield spans_of(gold_tree, params), Spans()
             continue
         try:
-            spans.append(spans_of(parse_tree(line, f"{path}:{number}"), params))
+            test_tree = parse_tree(line, f"{path}:{number}")
         except TreebankError as error:
-            spans.append(Spans(error=str(error)))
-    return spans
+            yield spans_of(gold_tree, params), Spans(error=str(error))
+            continue
+        yield sentence_spans(gold_tree, test_tree, params)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -86,13 +95,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="stop after more error sentences than this (default: 10; "
                         "negative: never)")
     parser.add_argument("--unlabeled", action="store_true", help="ignore bracket labels")
+    parser.add_argument("--punctuation-from-gold", action="store_true",
+                        help="not in EVALB: the gold tags decide which words are punctuation "
+                        "on both sides, so a mistagged punctuation word is a tagging error, "
+                        "not an error sentence left out of the totals")
     parser.add_argument("--summary-only", action="store_true",
                         help="print the summary without the per-sentence table")
     parser.add_argument("--json-out", type=Path, default=None,
                         help="also write the figures, per sentence with F1, as JSON")
     args = parser.parse_args(argv)
     params = EvalbParameters(cutoff_length=args.cutoff_len, max_errors=args.max_errors,
-                             labeled=not args.unlabeled)
+                             labeled=not args.unlabeled,
+                             punctuation_from_gold=args.punctuation_from_gold)
 
     gold_lines = read_lines(args.gold)
     pred_lines = read_lines(args.pred)
@@ -101,10 +115,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(gold_lines) != len(pred_lines):
         raise UserError(f"{args.gold} has {len(gold_lines)} lines but {args.pred} has "
                         f"{len(pred_lines)}: one parse per gold tree expected")
-    gold = gold_spans(gold_lines, args.gold, params)
-    test = test_spans(pred_lines, args.pred, params)
+    gold = read_gold(gold_lines, args.gold)
     try:
-        result = score_corpus(zip(gold, test), params)
+        result = score_corpus(compared_spans(gold, pred_lines, args.pred, params), params)
     except EvalbError as error:
         raise UserError(str(error)) from None
     for score in result.sentences:

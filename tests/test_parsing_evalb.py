@@ -15,12 +15,14 @@ from conftest import REPO
 
 from user_plugin.parsing.evalb import (
     ERROR,
+    OK,
     SKIP,
     EvalbError,
     EvalbParameters,
     report_lines,
     score_corpus,
     score_sentence,
+    sentence_spans,
     spans_of,
 )
 from user_plugin.parsing.trees import parse_tree
@@ -124,6 +126,30 @@ def test_different_words_are_error_sentences():
     assert s.status == ERROR and s.message == "Words unmatch (Dogs|Cats)"
 
 
+def test_punctuation_from_gold_scores_what_evalb_rejects_and_changes_nothing_else():
+    gold = "(TOP (S (NP (PRP He)) (VP (VBD left)) (. .)))"
+    mistagged = "(TOP (S (NP (PRP He)) (VP (VBD left) (NN .))))"
+    assert score(gold, mistagged).status == ERROR        # EVALB: 2 words against 3
+    params = EvalbParameters(punctuation_from_gold=True)
+
+    def scored(gold_text: str, test_text: str):
+        pair = sentence_spans(parse_tree(gold_text), parse_tree(test_text), params)
+        return score_sentence(*pair, params=params)
+
+    # the gold deletes "." on both sides: NP(0,1) VP(1,2) S(0,2) all match, both tags right
+    s = scored(gold, mistagged)
+    assert s.status == OK and (s.matched, s.gold_brackets, s.test_brackets) == (3, 3, 3)
+    assert (s.words, s.correct_tags) == (2, 2)
+    # a word tagged as punctuation stays, with a wrong tag
+    s = scored(gold, "(TOP (S (NP (PRP He)) (VP (. left)) (. .)))")
+    assert s.status == OK and (s.matched, s.words, s.correct_tags) == (3, 2, 1)
+    # sentences EVALB scores keep their figures; other words are still an error
+    for gold_text, test_text in [(UNARY_GOLD, FLAT_NP), (CROSS_GOLD, CROSS_TEST),
+                                 (gold, "(TOP (S (NP (PRP He)) (VP (VBD left) (. .))))")]:
+        assert scored(gold_text, test_text) == score(gold_text, test_text)
+    assert scored(gold, "(TOP (S (NP (PRP She)) (VP (VBD left)) (. .)))").status == ERROR
+
+
 # ---------------------------------------------------------------------------------------------
 # Corpus figures
 
@@ -206,6 +232,19 @@ def test_cli_prints_evalbs_summary_lines(tmp_path):
     assert round(scores["all"]["f1"], 2) == 71.43
     summary = run_eval("--gold", gold, "--pred", pred, "--summary-only").stdout.splitlines()
     assert summary[0] == "=== Summary ===" and "Bracketing FMeasure       =  71.43" in summary
+
+
+def test_cli_punctuation_from_gold_keeps_mistagged_sentences_in_the_totals(tmp_path):
+    gold = write(tmp_path / "gold", ["(TOP (S (NP (PRP He)) (VP (VBD left)) (. .)))", FLAT_NP])
+    pred = write(tmp_path / "pred", ["(TOP (S (NP (PRP He)) (VP (VBD left) (NN .))))",
+                                     CROSS_TEST.replace("man", "dog")])
+    plain = run_eval("--gold", gold, "--pred", pred, "--summary-only")
+    assert "Number of Error sentence  =      2" in plain.stdout.splitlines()
+    fixed = run_eval("--gold", gold, "--pred", pred, "--summary-only", "--punctuation-from-gold")
+    lines = fixed.stdout.splitlines()
+    assert "Number of Error sentence  =      1" in lines      # other words stay an error
+    assert "Bracketing FMeasure       = 100.00" in lines and "Number of Valid sentence  =      1" \
+        in lines
 
 
 def test_cli_counts_an_unreadable_prediction_as_an_error_sentence(tmp_path):

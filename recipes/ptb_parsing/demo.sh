@@ -11,9 +11,10 @@
 # continues where it stopped; finished steps are skipped.
 #
 # Environment (defaults in brackets): WORK_DIR [work_dirs/demo_parsing], SETUP_VENV [1],
-# SYNTH_TRAIN [6000], SYNTH_DEV [300], SYNTH_TEST [300], SYNTH_SEED [1], MAX_UPDATE [2500],
-# MAX_TOKENS [2048], WARMUP_UPDATES [500], DROPOUT [0.1], DEMO_MODEL_ARGS [d_model 256,
-# 3+3 layers, d_ff 1024, 4 heads], plus those of the steps (BEAM, LENPEN, POS_TAGS, ...).
+# SYNTH_TRAIN [6000], SYNTH_DEV [300], SYNTH_TEST [300], SYNTH_SEED [1], MAX_UPDATE [5000],
+# MAX_TOKENS [2048], WARMUP_UPDATES [500], LR_SCALE [0.5], DROPOUT [0.1], DEMO_MODEL_ARGS
+# [d_model 256, 3+3 layers, d_ff 1024, 4 heads], plus those of the steps (BEAM, LENPEN,
+# POS_TAGS, ...).
 set -euo pipefail
 STEP_NAME=demo
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -52,16 +53,17 @@ fi
 
 # ---- the demo's model and schedule (the paper's recipe, scaled down for a CPU) ---------------
 export DEVICE=cpu PRECISION=fp32 GEN_SUBSET=test
-export MAX_UPDATE=${MAX_UPDATE:-2500}
+export MAX_UPDATE=${MAX_UPDATE:-5000}
 export MAX_TOKENS=${MAX_TOKENS:-2048}
 export TOKENS_PER_STEP=${TOKENS_PER_STEP:-$MAX_TOKENS}
 export WARMUP_UPDATES=${WARMUP_UPDATES:-500}
+export LR_SCALE=${LR_SCALE:-0.5}
 export DROPOUT=${DROPOUT:-0.1}
-export LOG_INTERVAL=${LOG_INTERVAL:-50}
+export LOG_INTERVAL=${LOG_INTERVAL:-100}
 DEMO_MODEL_ARGS=${DEMO_MODEL_ARGS:-"--encoder-layers 3 --decoder-layers 3 --encoder-embed-dim 256 --decoder-embed-dim 256 --encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024 --encoder-attention-heads 4 --decoder-attention-heads 4"}
 export EXTRA_ARGS="$DEMO_MODEL_ARGS ${EXTRA_ARGS:-}"
 log "synthetic treebank: $SYNTH_TRAIN train, $SYNTH_DEV dev, $SYNTH_TEST test trees (seed $SYNTH_SEED)"
-log "model: vaswani_parsing_wsj with $DEMO_MODEL_ARGS; $MAX_UPDATE updates of <= $MAX_TOKENS tokens"
+log "model: vaswani_parsing_wsj with $DEMO_MODEL_ARGS; $MAX_UPDATE updates of <= $MAX_TOKENS tokens, lr x $LR_SCALE"
 
 bash "$here/run_all.sh"
 

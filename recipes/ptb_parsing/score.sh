@@ -2,10 +2,11 @@
 # Parsing step 5, score (paper Table 4): EVALB-compatible bracket F1 (COLLINS.prm conventions,
 # scripts/parse_eval.py) of the parsed trees against the gold trees. The full EVALB report is
 # saved in score/<subset>/evalb.txt (figures also in evalb.json); its summary is printed, with
-# the paper's section 23 F1 beside it. As in EVALB, a sentence whose predicted punctuation tags
-# make its words differ from the gold's after punctuation is deleted is an error sentence, left
-# out of the totals; the recipe does not stop on them (EVALB's MAX_ERROR would) but prints
-# their number beside F1.
+# the paper's section 23 F1 beside it. The gold tags decide which words are punctuation on both
+# sides (--punctuation-from-gold): EVALB would make a sentence whose parse tags a punctuation
+# word otherwise an error sentence, left out of the totals, so that a parser's mistakes (and
+# fallback trees, tagged XX) would drop out of its score; every sentence EVALB scores keeps
+# its figures. Error sentences (none expected) are counted beside F1.
 #
 # Environment: GEN_SUBSET and WORK_DIR (settings.sh).
 set -euo pipefail
@@ -36,7 +37,7 @@ require_step "$GEN_DIR" generate
 step_restart "$SCORE_DIR"
 log "scoring $GEN_DIR/parsed.trees against $PREP_DIR/$GEN_SUBSET.gold"
 run python "$PARSE_EVAL" --gold "$PREP_DIR/$GEN_SUBSET.gold" --pred "$GEN_DIR/parsed.trees" \
-  --max-errors -1 --json-out "$SCORE_DIR/evalb.json" > "$SCORE_DIR/evalb.txt.tmp"
+  --punctuation-from-gold --json-out "$SCORE_DIR/evalb.json" > "$SCORE_DIR/evalb.txt.tmp"
 mv "$SCORE_DIR/evalb.txt.tmp" "$SCORE_DIR/evalb.txt"
 report
 step_mark_done "$SCORE_DIR" "$config" "$GEN_DIR" -- evalb.txt evalb.json

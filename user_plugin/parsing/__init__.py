@@ -15,9 +15,3 @@ of that experiment; nothing in the model is parser-specific:
 The translation path of the plugin never imports this package, so fairseq loads
 ``--user-dir user_plugin`` without nltk; the parsing tools need it (``install_requires``).
 """
-
-from __future__ import annotations
-
-#: Section 23 F1 of Table 4.
-PAPER_F1_WSJ_ONLY = 91.3
-PAPER_F1_SEMI_SUPERVISED = 92.7

@@ -23,7 +23,8 @@ same way:
 
 As in EVALB, an unlabelled root bracket ``( (S ...))`` is an ordinary bracket with the empty
 label (only ``TOP`` is deleted): write roots as ``(TOP ...)``, as the tools here do. Where EVALB
-prints ``nan`` (no brackets on either side) this module reports 0.
+prints ``nan`` (no brackets on either side) this module reports 0. One option goes beyond
+EVALB: ``punctuation_from_gold`` (see :func:`sentence_spans`).
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ class EvalbParameters:
     cutoff_length: int = 40
     labeled: bool = True
     max_errors: int = 10
+    #: Not an EVALB setting: the gold tree decides which words are punctuation on both sides
+    #: (see :func:`sentence_spans`).
+    punctuation_from_gold: bool = False
 
     def canonical(self, label: str) -> str:
         """One representative of the label's equivalence class (``PRT`` -> ``ADVP``)."""
@@ -84,9 +88,14 @@ def trim_label(label: str) -> str:
     return _LABEL_TAIL.split(label, maxsplit=1)[0]
 
 
-def spans_of(tree: Optional[Tree], params: EvalbParameters = COLLINS) -> Spans:
+def spans_of(tree: Optional[Tree], params: EvalbParameters = COLLINS,
+             keep: Optional[Sequence[bool]] = None) -> Spans:
     """The remaining words, their tags, the scored brackets and the length of ``tree``
-    (None, an empty line, has nothing)."""
+    (None, an empty line, has nothing).
+
+    ``keep``, one flag per word that is not an empty element, decides which words stay instead
+    of their tags (see :func:`sentence_spans`).
+    """
     if tree is None:
         return Spans()
     words: List[str] = []
@@ -98,9 +107,12 @@ def spans_of(tree: Optional[Tree], params: EvalbParameters = COLLINS) -> Spans:
         nonlocal length
         if is_preterminal(node):
             tag = node.label()
-            if tag not in params.delete_labels_for_length:
+            if tag in params.delete_labels_for_length:
+                kept = tag not in params.delete_labels
+            else:
+                kept = keep[length] if keep is not None else tag not in params.delete_labels
                 length += 1
-            if tag not in params.delete_labels:
+            if kept:
                 words.append(node[0])
                 tags.append(tag)
             return
@@ -113,6 +125,37 @@ def spans_of(tree: Optional[Tree], params: EvalbParameters = COLLINS) -> Spans:
 
     visit(tree)
     return Spans(tuple(words), tuple(tags), tuple(brackets), length)
+
+
+def visible_words(tree: Tree, params: EvalbParameters = COLLINS) -> Tuple[List[str], List[bool]]:
+    """The words of ``tree`` that are not empty elements, and for each whether EVALB keeps it
+    (its tag is not a deleted label such as punctuation)."""
+    words, kept = [], []
+    for word, tag in tree.pos():
+        if tag not in params.delete_labels_for_length:
+            words.append(word)
+            kept.append(tag not in params.delete_labels)
+    return words, kept
+
+
+def sentence_spans(gold: Optional[Tree], test: Optional[Tree],
+                   params: EvalbParameters = COLLINS) -> Tuple[Spans, Spans]:
+    """What to compare of a gold tree and a test tree.
+
+    EVALB deletes punctuation on each side by that side's tags, so a test tree that tags a
+    punctuation word otherwise than the gold (``.`` as NN, or a word as ``.``) has other words
+    than the gold once punctuation is gone, and the sentence is an error, left out of the
+    totals. With ``params.punctuation_from_gold``, when both trees have the same words the gold
+    tree's tags decide which words are deleted on both sides: such a sentence is scored (its
+    tags still count as wrong), every sentence EVALB scores gets the same figures, and a parser
+    that mistags punctuation cannot leave its sentences out of the totals.
+    """
+    gold_spans = spans_of(gold, params)
+    if params.punctuation_from_gold and gold is not None and test is not None:
+        gold_words, kept = visible_words(gold, params)
+        if visible_words(test, params)[0] == gold_words:
+            return gold_spans, spans_of(test, params, keep=kept)
+    return gold_spans, spans_of(test, params)
 
 
 def _crosses(a: Tuple[str, int, int], b: Tuple[str, int, int]) -> bool:
