@@ -138,6 +138,27 @@ def test_rerunning_the_demo_skips_every_step(demo):
     assert printed_f1(result.stdout) == printed_f1(first.stdout)
 
 
+def test_interrupted_training_resumes_only_with_the_same_settings(demo, tmp_path):
+    """A run without its marker resumes from checkpoint_last.pt; with other settings it starts
+    over instead of loading a checkpoint of another model."""
+    work, _, _ = demo
+    env = recipe_env(WORK_DIR=tmp_path / "work", PTB_DIR=work / "synthetic", DEVICE="cpu",
+                     MAX_UPDATE=4, WARMUP_UPDATES=2, MAX_TOKENS=1024, TOKENS_PER_STEP=1024,
+                     LOG_INTERVAL=2, EXTRA_ARGS=TINY_MODEL_ARGS)
+    for step in ("prepare.sh", "binarize.sh", "train.sh"):
+        assert run_recipe(step, env).returncode == 0, step
+    checkpoints = tmp_path / "work" / "checkpoints"
+    (checkpoints / ".done").unlink()                 # as if training had been interrupted
+    result = run_recipe("train.sh", env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resuming from" in result.stderr and "starting over" not in result.stderr
+    (checkpoints / ".done").unlink()
+    result = run_recipe("train.sh", {**env, "DROPOUT": "0.2"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "starting over" in result.stderr and "resuming from" not in result.stderr
+    assert (checkpoints / ".done").is_file()
+
+
 def test_with_xx_targets_the_parsed_trees_take_the_gold_tags(tmp_path):
     """POS_TAGS=xx (Vinyals et al.): the model predicts no tags, the trees get the gold ones."""
     work = tmp_path / "work"
