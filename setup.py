@@ -26,6 +26,7 @@ setup(
         "tensorboardX",
         # training curves drawn by the recipes (scripts/plot_training.py)
         "matplotlib",
+        "nltk>=3.8",  # tree reading of the parsing recipe (user_plugin/parsing)
     ],
     extras_require={
         # ctranslate2: python -m user_plugin.export --to ctranslate2 and the hub's
