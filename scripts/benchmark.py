@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark ``vaswani_transformer`` against fairseq's built-in ``transformer`` (issue 5).
+"""Benchmark ``vaswani_transformer`` against fairseq's built-in ``transformer``.
 
 Both models get the same hyperparameters and the same weights (fairseq's initial weights are
 copied into ours), the same real batches (Moses-tokenized Multi30k EN-DE, a word-level joined
@@ -30,7 +30,7 @@ growth over the resident size before the measured work; on a GPU
 (model and loss) under bfloat16 autocast; it decodes under the same autocast. It runs on a CPU
 too. ``--dtype fp16`` (CUDA only) uses ``torch.autocast(float16)`` with a ``GradScaler``, which
 is not fairseq's ``--fp16`` (float16 weights). ``--device cuda`` reports model FLOPs utilisation
-(MFU) of training. The CUDA path has not been run (no GPU where it was written).
+(MFU) of training. The CUDA path has not been run (no GPU was available).
 
 Example (the default small model, a few minutes on 2 CPU cores)::
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark the engines a trained model can be served with, on one test set (issue 14).
+"""Benchmark the engines a trained model can be served with, on one test set.
 
 Engines, all decoding the same binarized test sentences with beam 4 and alpha 0.6 (§6.1):
 

@@ -1,6 +1,6 @@
 """The benchmark compares like with like: same weights, same batches, same hypotheses.
 
-Wall time is printed by the script, never asserted (issue 5): this test runs it at toy sizes and
+Wall time is printed by the script, never asserted: this test runs it at toy sizes and
 checks what makes its ratios meaningful.
 """
 

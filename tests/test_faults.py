@@ -1,4 +1,4 @@
-"""Faults and bad input (issue 6): nothing is lost and every error is clear.
+"""Faults and bad input: nothing is lost and every error is clear.
 
 The matrix of what was tried, what happens and which test shows it is docs/faults.md.
 

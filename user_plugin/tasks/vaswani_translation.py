@@ -47,6 +47,7 @@ from ..generation.alignment import (
 from ..generation.decoding_options import check_decoding_options
 from ..generation.gnmt_sequence_generator import LENGTH_PENALTY_FORMS, GNMTSequenceGenerator
 from ..generation.reference_scorer import LengthPenaltyScorer
+from ..paper import MAX_LEN_OVER_SOURCE
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class VaswaniTranslationConfig(TranslationConfig):
         },
     )
     max_len_over_source: int = field(
-        default=50,
+        default=MAX_LEN_OVER_SOURCE,
         metadata={
             "help": "each output has at most its own source length (tokens, without the "
             "source EOS) + N tokens (EOS not counted; the paper: 50); replaces --max-len-a/b. "
