@@ -35,12 +35,11 @@ from pathlib import Path
 # The parsing modules live in the plugin package, whose import brings fairseq, which sets up
 # INFO logging on import: keep stderr to warnings and errors.
 logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _cli import UserError, atomic_write_text, read_lines, run_main  # noqa: E402
 from nltk import Tree  # noqa: E402
 
+from user_plugin.files import UserError, atomic_write_text, read_lines, run_main  # noqa: E402
 from user_plugin.parsing.evalb import (  # noqa: E402
     COLLINS,
     ERROR,

@@ -141,6 +141,64 @@ def test_unnormalized_scores_stay_raw_log_probabilities():
                                                      abs=1e-5)
 
 
+W = 7  # the good path's token (FILLERS also hold it; they only matter as junk mass)
+
+
+def junk_endings_fill_the_beam_table(eos: int):
+    """With beam 2, fairseq's rule ends the sentence at step 2 on two short junk hypotheses,
+    [x EOS] (log P = log 0.24, GNMT score -1.301) and [x w EOS] (log 0.108, -1.873), while
+    [x w w w EOS] (log 0.2514, -1.016) is still alive and scores better than both."""
+
+    def table(last, t):
+        if t == 0:
+            return {X: 0.6, Y: 0.4}
+        if last == X:
+            return {eos: 0.4, W: 0.6}
+        if last == Y:
+            return {eos: 0.45, **{f: 0.55 / 99 for f in FILLERS[1:]}}
+        if last == W and t == 2:
+            return {eos: 0.3, W: 0.7}
+        if last == W and t == 3:
+            return {W: 0.999}
+        if last == W and t == 4:
+            return {eos: 0.999}
+        return {f: 1.0 / 99 for f in FILLERS[1:]}
+
+    return table
+
+
+def test_no_better_rule_waits_for_the_better_live_hypothesis():
+    dictionary = make_dictionary(107)
+    eos = dictionary.eos()
+    model = scripted_model(dictionary, junk_endings_fill_the_beam_table(eos))
+    sample = source_batch(dictionary, [3])
+    shared = {"beam_size": 2, "len_penalty": ALPHA, "max_len_over_source": 10}
+    fairseq_rule = decode(GNMTSequenceGenerator, model, dictionary, sample, **shared)[0]
+    paper_rule = decode(GNMTSequenceGenerator, model, dictionary, sample,
+                        stop_rule="no-better", **shared)[0]
+    assert [h["tokens"].tolist() for h in fairseq_rule] == [[X, eos], [X, W, eos]]
+    assert [h["tokens"].tolist() for h in paper_rule] == [[X, W, W, W, eos], [X, eos]]
+    for hypo in fairseq_rule + paper_rule:
+        log_p = float(hypo["positional_scores"].sum())
+        length = len(hypo["tokens"])
+        assert float(hypo["score"]) == pytest.approx(log_p / ((5 + length) / 6) ** ALPHA, abs=1e-5)
+    # the rule returns the better hypothesis: -1.01 against fairseq's rule's -1.30
+    assert float(paper_rule[0]["score"]) > float(fairseq_rule[0]["score"]) + 0.25
+
+
+def test_no_better_rule_changes_nothing_when_no_live_hypothesis_can_win():
+    """On the penalty scenario the finished hypotheses already beat every live one."""
+    dictionary = make_dictionary(107)
+    model = scripted_model(dictionary, two_finished_hypotheses_table(dictionary.eos()))
+    sample = source_batch(dictionary, [3])
+    shared = {"beam_size": 2, "len_penalty": ALPHA, "max_len_over_source": 10}
+    fairseq_rule = decode(GNMTSequenceGenerator, model, dictionary, sample, **shared)[0]
+    paper_rule = decode(GNMTSequenceGenerator, model, dictionary, sample,
+                        stop_rule="no-better", **shared)[0]
+    assert ([h["tokens"].tolist() for h in paper_rule]
+            == [h["tokens"].tolist() for h in fairseq_rule])
+
+
 def never_ending_table(last, t):
     return {X: 0.6, Y: 0.4}
 

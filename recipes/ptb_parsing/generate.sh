@@ -4,10 +4,14 @@
 # hypotheses in sentence order and turn them into trees over the input words: malformed outputs
 # are repaired and unusable ones replaced by a flat tree, all counted (repairs.json). The trees
 # have the predicted part-of-speech tags; with POS_TAGS=xx (prepare step), which predicts none,
-# they take the gold tags, so that EVALB deletes the same punctuation on both sides.
+# they take the gold tags, so that EVALB deletes the same punctuation on both sides. A sentence
+# ends when no live hypothesis can beat its finished ones (STOP_RULE no-better, the paper's
+# "terminate early when possible"): fairseq's rule (beam-full) ends it once 21 hypotheses have
+# ended, and over a 40-symbol vocabulary early junk endings fill that quota (docs/parsing.md).
 #
 # Environment: CHECKPOINT [checkpoints/checkpoint_best.pt], BEAM [21], LENPEN [0.3],
-# MAX_LEN_OVER_SOURCE [300], GEN_MAX_TOKENS [4000], GEN_ARGS [none], DEVICE, PRECISION,
+# MAX_LEN_OVER_SOURCE [300], STOP_RULE [no-better], GEN_MAX_TOKENS [4000], GEN_ARGS [none],
+# DEVICE, PRECISION,
 # GEN_SUBSET and WORK_DIR (settings.sh).
 set -euo pipefail
 STEP_NAME=generate
@@ -22,6 +26,7 @@ CHECKPOINT=${CHECKPOINT:-$CKPT_DIR/checkpoint_best.pt}
 BEAM=${BEAM:-$PAPER_PARSING_BEAM}
 LENPEN=${LENPEN:-$PAPER_PARSING_LENPEN}
 MAX_LEN_OVER_SOURCE=${MAX_LEN_OVER_SOURCE:-$PAPER_PARSING_MAX_LEN_OVER_SOURCE}
+STOP_RULE=${STOP_RULE:-no-better}
 GEN_MAX_TOKENS=${GEN_MAX_TOKENS:-4000}
 GEN_ARGS=${GEN_ARGS:-}
 require_int BEAM
@@ -29,7 +34,7 @@ require_int MAX_LEN_OVER_SOURCE
 require_int GEN_MAX_TOKENS
 
 config="v1 subset=$GEN_SUBSET checkpoint=$CHECKPOINT beam=$BEAM lenpen=$LENPEN"
-config+=" max_len_over_source=$MAX_LEN_OVER_SOURCE args=$GEN_ARGS"
+config+=" max_len_over_source=$MAX_LEN_OVER_SOURCE stop_rule=$STOP_RULE args=$GEN_ARGS"
 upstream=("$PREP_DIR" "$BIN_DIR")
 [ "$CHECKPOINT" = "$CKPT_DIR/checkpoint_best.pt" ] && upstream+=("$CKPT_DIR")
 if step_is_done "$GEN_DIR" "$config" "${upstream[@]}"; then
@@ -53,10 +58,11 @@ precision_args=()
 extra=($GEN_ARGS)
 
 step_restart "$GEN_DIR"
-log "parsing $expected $GEN_SUBSET sentences with $CHECKPOINT (beam $BEAM, alpha $LENPEN, input + $MAX_LEN_OVER_SOURCE)"
+log "parsing $expected $GEN_SUBSET sentences with $CHECKPOINT (beam $BEAM, alpha $LENPEN, input + $MAX_LEN_OVER_SOURCE, stop rule $STOP_RULE)"
 run fairseq-generate "$BIN_DIR" --user-dir "$PLUGIN_DIR" --task vaswani_translation \
   --source-lang "$SRC" --target-lang "$TGT" --gen-subset "$GEN_SUBSET" --path "$CHECKPOINT" \
   --beam "$BEAM" --lenpen "$LENPEN" --max-len-over-source "$MAX_LEN_OVER_SOURCE" \
+  --stop-rule "$STOP_RULE" \
   --max-tokens "$GEN_MAX_TOKENS" --required-batch-size-multiple 1 \
   "${device_args[@]}" "${precision_args[@]}" "${extra[@]}" > "$GEN_DIR/generate.txt.tmp"
 mv "$GEN_DIR/generate.txt.tmp" "$GEN_DIR/generate.txt"

@@ -13,8 +13,15 @@ early when possible."
   BPE *without* the source EOS and padding. fairseq's ``--max-len-a 1 --max-len-b 50`` instead
   uses the padded width of the whole batch, so the limit of a short sentence depends on the
   longest sentence batched with it.
-* **Early termination.** A sentence stops as soon as ``beam`` hypotheses have ended in EOS
-  (fairseq's rule, kept as it is).
+* **Early termination.** Two rules (``stop_rule``). ``beam-full`` (the default, fairseq's and
+  CTranslate2's): a sentence stops as soon as ``beam`` hypotheses have ended in EOS.
+  ``no-better`` (tensor2tensor's, which the paper's "terminate early when possible" refers to):
+  it stops only once ``beam`` hypotheses have ended *and* no live hypothesis can still beat the
+  worst of them; a live hypothesis can at best keep its log-probability so far and reach the
+  largest penalty its remaining length allows. Later hypotheses that score better replace
+  worse finished ones. ``beam-full`` can end a sentence on early, short hypotheses while a
+  better one is still alive; the difference shows with large beams over small vocabularies
+  (the parsing recipe's beam 21 over 40 symbols), where early EOS candidates fill the beam.
 * **Forced tokens.** Tokens the user forces into the output, lexical constraints
   (``--constraints``) or a prefix (``--prefix-size``), are always given room: a sentence's
   limit is its source + N or the number of forced tokens, whichever is more, and a hypothesis
@@ -49,6 +56,7 @@ from .constrained_search import (
 logger = logging.getLogger(__name__)
 
 LENGTH_PENALTY_FORMS = ("gnmt", "fairseq")
+STOP_RULES = ("beam-full", "no-better")
 
 
 def gnmt_length_penalty(length: int, alpha: float) -> float:
@@ -168,6 +176,8 @@ class GNMTSequenceGenerator(SequenceGenerator):
             (tokens, no EOS) + N tokens; the batch-wide ``max_len_a``/``max_len_b`` are then set
             to ``1``/``N`` (padded width + N), which never binds below any sentence's own limit.
             ``N < 0`` turns the per-sentence limit off and keeps fairseq's ``max_len_a``/``b``.
+        stop_rule: ``"beam-full"`` (fairseq's) or ``"no-better"`` (tensor2tensor's); see the
+            module's docstring.
     """
 
     def __init__(
@@ -176,6 +186,7 @@ class GNMTSequenceGenerator(SequenceGenerator):
         tgt_dict,
         length_penalty_form: str = "gnmt",
         max_len_over_source: int = 50,
+        stop_rule: str = "beam-full",
         **kwargs,
     ) -> None:
         if length_penalty_form not in LENGTH_PENALTY_FORMS:
@@ -183,6 +194,12 @@ class GNMTSequenceGenerator(SequenceGenerator):
                 f"length_penalty_form must be one of {LENGTH_PENALTY_FORMS}, "
                 f"got {length_penalty_form!r}"
             )
+        if stop_rule not in STOP_RULES:
+            raise ValueError(f"stop_rule must be one of {STOP_RULES}, got {stop_rule!r}")
+        self.stop_rule = stop_rule
+        # False while fairseq's finalize_hypos runs under the no-better rule, which decides
+        # itself which sentences end.
+        self.fairseq_decides = True
         if max_len_over_source >= 0:
             if isinstance(models, EnsembleModel) and not isinstance(
                 models, SourceLengthCappedEnsemble
@@ -235,6 +252,8 @@ class GNMTSequenceGenerator(SequenceGenerator):
                     beam_size: int) -> bool:
         """fairseq's rule (``beam`` hypotheses, or the maximum length), or a sentence whose
         constrained search has nothing left to continue (fewer paths than the beam)."""
+        if not self.fairseq_decides:
+            return False
         if super().is_finished(step, unfin_idx, max_len, finalized_sent_len, beam_size):
             return True
         exhausted = getattr(self.search, "exhausted", None)
@@ -266,17 +285,79 @@ class GNMTSequenceGenerator(SequenceGenerator):
         raw ``log P(Y|X)`` (and the positional scores are untouched); every hypothesis
         finalized in this call has ``|Y| = step + 1`` tokens including EOS.
         """
+        if self.stop_rule == "no-better":
+            return self.finalize_unless_better_alive(
+                step, bbsz_idx, eos_scores, tokens, scores, finalized, finished, beam_size,
+                attn, src_lengths, max_len,
+            )
         before = [len(hypos) for hypos in finalized]
         newly_finished = super().finalize_hypos(
             step, bbsz_idx, eos_scores, tokens, scores, finalized, finished, beam_size, attn,
             src_lengths, max_len,
         )
+        self.normalize_new(finalized, before, step)
+        return newly_finished
+
+    def normalize_new(self, finalized: list[list[dict]], before: Sequence[int], step: int) -> None:
+        """Divide the scores of the hypotheses finalized at ``step`` (those past ``before``)
+        by the GNMT penalty of their length, ``step + 1`` with EOS."""
         if self.gnmt_normalize:
             divisor = gnmt_length_penalty(step + 1, self.len_penalty)
             for sent, count in enumerate(before):
                 for hypo in finalized[sent][count:]:
                     hypo["score"] = hypo["score"] / divisor
+
+    def finalize_unless_better_alive(
+        self, step: int, bbsz_idx, eos_scores, tokens, scores,
+        finalized: list[list[dict[str, Tensor]]], finished: list[bool], beam_size: int,
+        attn: Tensor | None, src_lengths, max_len: int,
+    ) -> list[int]:
+        """The ``no-better`` rule. fairseq's code builds the new hypotheses into empty lists
+        (so it keeps them all and ends no sentence); each sentence then keeps its best
+        ``beam`` finished hypotheses, and ends when it reached its length limit or when the
+        best a live hypothesis could still score, its log-probability so far (the best row's
+        cumulative score before this step) over the largest penalty left to it, is no better
+        than the worst of those ``beam``."""
+        fresh: list[list[dict[str, Tensor]]] = [[] for _ in finalized]
+        self.fairseq_decides = False
+        try:
+            super().finalize_hypos(step, bbsz_idx, eos_scores, tokens, scores, fresh, finished,
+                                   beam_size, attn, src_lengths, max_len)
+        finally:
+            self.fairseq_decides = True
+        self.normalize_new(fresh, [0] * len(fresh), step)
+        unfinished = [sent for sent, done in enumerate(finished) if not done]
+        rows = scores.view(-1, beam_size, scores.size(-1))
+        newly_finished = []
+        for unfin_idx, sent in enumerate(unfinished):
+            if not fresh[sent]:
+                continue
+            kept = sorted(finalized[sent] + fresh[sent], key=lambda h: -float(h["score"]))
+            finalized[sent] = kept[:beam_size]
+            limit = self.sentence_limit(unfin_idx, beam_size, max_len)
+            if step >= min(limit, max_len) or self.is_finished(
+                    step, unfin_idx, max_len, 0, beam_size):
+                done = True
+            elif len(finalized[sent]) < beam_size:
+                done = False
+            else:
+                best_alive = float(rows[unfin_idx, :, step - 1].max()) if step > 0 else 0.0
+                divisor = 1.0
+                if self.gnmt_normalize or self.normalize_scores:
+                    divisor = max(self.length_penalty(step + 1), self.length_penalty(limit + 1))
+                done = best_alive / divisor <= float(finalized[sent][-1]["score"])
+            if done:
+                finished[sent] = True
+                newly_finished.append(unfin_idx)
         return newly_finished
+
+    def sentence_limit(self, unfin_idx: int, beam_size: int, max_len: int) -> int:
+        """The most output tokens (EOS excluded) sentence ``unfin_idx`` of the current batch
+        may produce: its own limit under a per-sentence cap, else the batch's."""
+        limits = getattr(self.model, "row_limits", None)
+        if limits is None:
+            return max_len
+        return min(int(limits[unfin_idx * beam_size]), max_len)
 
 
 def forced_lengths(prefix_tokens: Tensor | None, constraints: Tensor | None,

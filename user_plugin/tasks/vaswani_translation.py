@@ -45,7 +45,11 @@ from ..generation.alignment import (
     set_alignment_output,
 )
 from ..generation.decoding_options import check_decoding_options
-from ..generation.gnmt_sequence_generator import LENGTH_PENALTY_FORMS, GNMTSequenceGenerator
+from ..generation.gnmt_sequence_generator import (
+    LENGTH_PENALTY_FORMS,
+    STOP_RULES,
+    GNMTSequenceGenerator,
+)
 from ..generation.reference_scorer import LengthPenaltyScorer
 from ..paper import MAX_LEN_OVER_SOURCE
 
@@ -69,6 +73,14 @@ class VaswaniTranslationConfig(TranslationConfig):
             "help": "each output has at most its own source length (tokens, without the "
             "source EOS) + N tokens (EOS not counted; the paper: 50); replaces --max-len-a/b. "
             "A negative value uses fairseq's batch-wide --max-len-a/--max-len-b instead"
+        },
+    )
+    stop_rule: ChoiceEnum(STOP_RULES) = field(  # type: ignore[valid-type]
+        default="beam-full",
+        metadata={
+            "help": "beam-full: a sentence ends once --beam hypotheses have ended (fairseq's "
+            "and CTranslate2's rule); no-better: once they have and no live hypothesis can "
+            "still beat them (tensor2tensor's 'terminate early when possible')"
         },
     )
 
@@ -197,6 +209,7 @@ class VaswaniTranslationTask(TranslationTask):
         if issubclass(seq_gen_cls, GNMTSequenceGenerator):
             extra.setdefault("length_penalty_form", str(self.cfg.length_penalty_form))
             extra.setdefault("max_len_over_source", int(self.cfg.max_len_over_source))
+            extra.setdefault("stop_rule", str(getattr(self.cfg, "stop_rule", "beam-full")))
         return super().build_generator(
             models,
             args,
