@@ -97,7 +97,7 @@ def test_demo_decodes_with_the_papers_beam_penalty_and_length_limit(demo):
     assert len(commands) == 1 and settings in commands[0]
     assert "--task vaswani_translation" in commands[0]
     for option in ("'beam': 21", "'lenpen': 0.3", "'max_len_over_source': 300",
-                   "'length_penalty_form': 'gnmt'"):
+                   "'length_penalty_form': 'gnmt'", "'stop_rule': 'no-better'"):
         assert option in result.stderr, option        # the configuration fairseq-generate logs
     generated = (work / "generate" / "test" / "generate.txt").read_text()
     assert "Generate test with beam=21" in generated
