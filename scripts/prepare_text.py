@@ -46,6 +46,7 @@ from user_plugin.files import (  # noqa: E402
     atomic_write,
     file_error,
     first_line,
+    int_at_least,
     iter_lines,
     make_temp_dir,
     run_main,
@@ -402,12 +403,6 @@ def cmd_spm_encode(args: argparse.Namespace) -> int:
     return 0
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="prepare_text.py", description=__doc__.split("\n")[0])
@@ -417,7 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("normalize", help="Moses punctuation normalisation + tokenisation")
     p.add_argument("--lang", required=True)
     p.add_argument("--no-tokenize", action="store_true", help="normalise punctuation only")
-    p.add_argument("--workers", type=positive_int, default=1, help=workers_help)
+    p.add_argument("--workers", type=int_at_least(1), default=1, help=workers_help)
     p.add_argument("input", type=Path)
     p.add_argument("output", type=Path)
     p.set_defaults(func=cmd_normalize)
@@ -457,7 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("spm-train", help="train a SentencePiece model")
     p.add_argument("--model-prefix", type=Path, required=True)
-    p.add_argument("--vocab-size", type=positive_int, default=32000)
+    p.add_argument("--vocab-size", type=int_at_least(1), default=32000)
     p.add_argument("--model-type", default="unigram", choices=["unigram", "bpe", "char", "word"])
     p.add_argument("--character-coverage", type=float, default=1.0)
     p.add_argument("--input-sentence-size", type=int, default=10_000_000,
@@ -467,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("spm-encode", help="SentencePiece pieces, space-separated")
     p.add_argument("--model", type=Path, required=True)
-    p.add_argument("--workers", type=positive_int, default=1, help=workers_help)
+    p.add_argument("--workers", type=int_at_least(1), default=1, help=workers_help)
     p.add_argument("input", type=Path)
     p.add_argument("output", type=Path)
     p.set_defaults(func=cmd_spm_encode)

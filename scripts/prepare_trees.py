@@ -33,7 +33,13 @@ from pathlib import Path
 logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from user_plugin.files import UserError, atomic_write_text, read_lines, run_main  # noqa: E402
+from user_plugin.files import (  # noqa: E402
+    UserError,
+    atomic_write_text,
+    int_at_least,
+    read_lines,
+    run_main,
+)
 from user_plugin.parsing.linearize import REPAIR_KINDS, delinearize, linearize  # noqa: E402
 from user_plugin.parsing.splits import find_split_files  # noqa: E402
 from user_plugin.parsing.synthetic_treebank import generate_splits  # noqa: E402
@@ -177,18 +183,6 @@ def cmd_delinearize(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -206,11 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("synthesize", help="a synthetic treebank from the project's grammar")
     p.add_argument("--out-dir", type=Path, required=True)
-    p.add_argument("--train", type=positive_int, default=6000)
-    p.add_argument("--dev", type=positive_int, default=300)
-    p.add_argument("--test", type=positive_int, default=300)
+    p.add_argument("--train", type=int_at_least(1), default=6000)
+    p.add_argument("--dev", type=int_at_least(1), default=300)
+    p.add_argument("--test", type=int_at_least(1), default=300)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--max-words", type=positive_int, default=40)
+    p.add_argument("--max-words", type=int_at_least(1), default=40)
     p.set_defaults(func=cmd_synthesize)
 
     p = sub.add_parser("delinearize", help="hypotheses back to trees (repaired, counted)")

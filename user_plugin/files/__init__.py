@@ -4,7 +4,8 @@
   :func:`first_line`, :func:`run_main` (``prog: error: ...`` and exit status 1),
   :func:`file_error` (an ``OSError``/``UnicodeDecodeError`` about a path as one line: a full
   disk is ``PATH: cannot write (no space left on device)``) and
-  :func:`install_one_line_errors` (the same for commands the project does not own);
+  :func:`install_one_line_errors` (the same for commands the project does not own),
+  :func:`int_at_least` (an argparse type for bounded integers);
 * :mod:`.atomic`: :func:`atomic_write`, :func:`atomic_write_text`, :func:`atomic_copy` (a
   locked temporary file beside the destination, then ``os.replace``), the temporary files'
   names, and :func:`remove_stale_temporaries` (those left by killed writes);
@@ -44,11 +45,19 @@ from .checkpoints import (
     state_dict_mismatch,
     torch_save,
 )
-from .errors import UserError, file_error, first_line, install_one_line_errors, run_main
+from .errors import (
+    UserError,
+    file_error,
+    first_line,
+    install_one_line_errors,
+    int_at_least,
+    run_main,
+)
 from .lock import DirectoryInUse, DirectoryLock
 from .text import decode_lines, iter_lines, read_lines, single_line, split_lines
 
 __all__ = [
+    "int_at_least",
     "LOAD_ERRORS",
     "TEMP_SUFFIX",
     "CheckpointError",

@@ -8,6 +8,7 @@ the one place where operating-system and decoding errors about a path become suc
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -85,3 +86,17 @@ def install_one_line_errors() -> None:
 
     hook.one_line_user_errors = True  # type: ignore[attr-defined]
     sys.excepthook = hook
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type`` for integers of at least ``minimum``: anything else is argparse's
+    one usage error naming the option."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse

@@ -162,20 +162,15 @@ def _crosses(a: Tuple[str, int, int], b: Tuple[str, int, int]) -> bool:
     return (a[1] < b[1] < a[2] < b[2]) or (b[1] < a[1] < b[2] < a[2])
 
 
-@dataclass
-class SentenceScore:
-    """One sentence's figures, as a row of EVALB's table."""
+class BracketFigures:
+    """EVALB's figures from bracket and tag counts (``matched``, ``gold_brackets``,
+    ``test_brackets``, ``correct_tags``, ``words``), for a sentence and for a corpus alike."""
 
-    id: int
-    length: int
-    status: int = OK
-    gold_brackets: int = 0
-    test_brackets: int = 0
-    matched: int = 0
-    crossing: int = 0
-    words: int = 0
-    correct_tags: int = 0
-    message: str = ""
+    matched: int
+    gold_brackets: int
+    test_brackets: int
+    correct_tags: int
+    words: int
 
     @property
     def recall(self) -> float:
@@ -190,12 +185,28 @@ class SentenceScore:
         return f_measure(self.precision, self.recall)
 
     @property
-    def exact(self) -> bool:
-        return self.status == OK and self.gold_brackets == self.test_brackets == self.matched
-
-    @property
     def tagging_accuracy(self) -> float:
         return 100.0 * self.correct_tags / self.words if self.words else 0.0
+
+
+@dataclass
+class SentenceScore(BracketFigures):
+    """One sentence's figures, as a row of EVALB's table."""
+
+    id: int
+    length: int
+    status: int = OK
+    gold_brackets: int = 0
+    test_brackets: int = 0
+    matched: int = 0
+    crossing: int = 0
+    words: int = 0
+    correct_tags: int = 0
+    message: str = ""
+
+    @property
+    def exact(self) -> bool:
+        return self.status == OK and self.gold_brackets == self.test_brackets == self.matched
 
 
 def f_measure(precision: float, recall: float) -> float:
@@ -242,7 +253,7 @@ def score_sentence(gold: Spans, test: Spans, sentence_id: int = 1,
 
 
 @dataclass
-class Totals:
+class Totals(BracketFigures):
     """Sums over sentences, and the corpus figures of EVALB's summary."""
 
     sentences: int = 0
@@ -281,28 +292,12 @@ class Totals:
         return self.sentences - self.errors - self.skipped
 
     @property
-    def recall(self) -> float:
-        return 100.0 * self.matched / self.gold_brackets if self.gold_brackets else 0.0
-
-    @property
-    def precision(self) -> float:
-        return 100.0 * self.matched / self.test_brackets if self.test_brackets else 0.0
-
-    @property
-    def f1(self) -> float:
-        return f_measure(self.precision, self.recall)
-
-    @property
     def complete_match(self) -> float:
         return 100.0 * self.complete / self.valid if self.valid else 0.0
 
     @property
     def average_crossing(self) -> float:
         return self.crossing / self.valid if self.valid else 0.0
-
-    @property
-    def tagging_accuracy(self) -> float:
-        return 100.0 * self.correct_tags / self.words if self.words else 0.0
 
     def as_dict(self) -> Dict[str, float]:
         return {
