@@ -159,7 +159,7 @@ def test_bf16_recipe_trains_resumes_and_its_checkpoint_decodes(multi30k_bin, tmp
     rerun = subprocess.run(["bash", str(TRAIN_STEP), "wmt14_en_de"], env=env,
                            capture_output=True, text=True, timeout=900)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert f"resuming from {last}" in rerun.stderr
+    assert f"resuming in {checkpoints} (from its newest intact checkpoint)" in rerun.stderr
     assert f"@ {stopped_at} updates)" in rerun.stdout, rerun.stdout[-3000:]
     resumed = [int(r["num_updates"]) for r in json_log_records(rerun.stdout, "train_inner")]
     assert resumed and min(resumed) > stopped_at and max(resumed) == 40, resumed
