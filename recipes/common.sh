@@ -484,6 +484,38 @@ step_can_continue() {
   fi
 }
 
+# has_checkpoints DIR: DIR holds checkpoints a fairseq-train run would resume from.
+has_checkpoints() {
+  compgen -G "$1/checkpoint*.pt" >/dev/null
+}
+
+# begin_training DIR CONFIG [UPSTREAM_DIR...]: make DIR ready for a fairseq-train run with these
+# settings and upstream runs, and record them (.started). Its checkpoints are resumed only when
+# they were started with the same (a kill, a reboot); a finished run (.done with other
+# settings), checkpoints without a record, or a record of other settings or data start over.
+# Never touches the directory of a training run that is still going on.
+begin_training() {
+  local dir=$1 holder
+  if holder=$(dir_in_use "$dir"); then
+    die "$dir is in use by a training run that is still going on (${holder:-holder unknown}); wait for it to end"
+  fi
+  if [ -f "$dir/.done" ]; then
+    log "starting over in $dir"
+    step_restart "$dir"
+  elif ! has_checkpoints "$dir"; then
+    mkdir -p "$dir"
+  elif [ ! -f "$dir/.started" ]; then
+    log "starting over in $dir: its checkpoints have no record of the settings and data they were trained with (no .started; a deleted .done redoes the step)"
+    step_restart "$dir"
+  elif step_can_continue "$@"; then
+    log "resuming in $dir (from its newest intact checkpoint)"
+  else
+    log "starting over in $dir"
+    step_restart "$dir"
+  fi
+  step_begin "$@"
+}
+
 # --------------------------------------------------------------------------------------------
 # Downloads
 

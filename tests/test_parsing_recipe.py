@@ -9,8 +9,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -138,24 +141,44 @@ def test_rerunning_the_demo_skips_every_step(demo):
     assert printed_f1(result.stdout) == printed_f1(first.stdout)
 
 
+def kill_training_at_its_first_checkpoint(env: dict, checkpoints: Path) -> None:
+    """Start the train step and SIGKILL its process group once checkpoint_last.pt exists."""
+    run = subprocess.Popen(["bash", str(RECIPE / "train.sh")], env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 600
+    while (not (checkpoints / "checkpoint_last.pt").exists() and run.poll() is None
+           and time.monotonic() < deadline):
+        time.sleep(0.05)
+    assert run.poll() is None, "the run ended before it could be interrupted"
+    os.killpg(run.pid, signal.SIGKILL)
+    run.communicate(timeout=60)
+    assert not (checkpoints / ".done").exists()
+
+
 def test_interrupted_training_resumes_only_with_the_same_settings(demo, tmp_path):
-    """A run without its marker resumes from checkpoint_last.pt; with other settings it starts
-    over instead of loading a checkpoint of another model."""
+    """A killed run resumes from its checkpoints; with other settings it starts over instead of
+    loading a checkpoint of another model."""
     work, _, _ = demo
     env = recipe_env(WORK_DIR=tmp_path / "work", PTB_DIR=work / "synthetic", DEVICE="cpu",
-                     MAX_UPDATE=4, WARMUP_UPDATES=2, MAX_TOKENS=1024, TOKENS_PER_STEP=1024,
-                     LOG_INTERVAL=2, EXTRA_ARGS=TINY_MODEL_ARGS)
-    for step in ("prepare.sh", "binarize.sh", "train.sh"):
+                     MAX_UPDATE=300, WARMUP_UPDATES=2, MAX_TOKENS=256, TOKENS_PER_STEP=256,
+                     LOG_INTERVAL=50,
+                     EXTRA_ARGS=f"{TINY_MODEL_ARGS} --save-interval-updates 20")
+    for step in ("prepare.sh", "binarize.sh"):
         assert run_recipe(step, env).returncode == 0, step
     checkpoints = tmp_path / "work" / "checkpoints"
-    (checkpoints / ".done").unlink()                 # as if training had been interrupted
+    kill_training_at_its_first_checkpoint(env, checkpoints)
     result = run_recipe("train.sh", env)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "resuming from" in result.stderr and "starting over" not in result.stderr
-    (checkpoints / ".done").unlink()
+    assert f"resuming in {checkpoints}" in result.stderr
+    assert "starting over" not in result.stderr
+    assert (checkpoints / ".done").is_file()
+    shutil.rmtree(checkpoints)
+    kill_training_at_its_first_checkpoint(env, checkpoints)
     result = run_recipe("train.sh", {**env, "DROPOUT": "0.2"})
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "starting over" in result.stderr and "resuming from" not in result.stderr
+    assert "cannot be continued" in result.stderr
+    assert f"starting over in {checkpoints}" in result.stderr
+    assert "resuming in" not in result.stderr
     assert (checkpoints / ".done").is_file()
 
 

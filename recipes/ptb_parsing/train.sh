@@ -56,17 +56,7 @@ if step_is_done "$CKPT_DIR" "$config" "$BIN_DIR"; then
   exit 0
 fi
 require_step "$BIN_DIR" binarize
-# An unfinished run resumes only with the settings and data it started with (.started).
-started="$(step_config_hash "$config") $(marker_id "$BIN_DIR")"
-if [ -f "$CKPT_DIR/.done" ] || { [ -f "$CKPT_DIR/checkpoint_last.pt" ] \
-     && [ "$(cat "$CKPT_DIR/.started" 2>/dev/null)" != "$started" ]; }; then
-  log "starting over in $CKPT_DIR (finished before, or started with other settings or data)"
-  step_restart "$CKPT_DIR"
-elif [ -f "$CKPT_DIR/checkpoint_last.pt" ]; then
-  log "resuming from $CKPT_DIR/checkpoint_last.pt"
-fi
-mkdir -p "$CKPT_DIR"
-echo "$started" > "$CKPT_DIR/.started"
+begin_training "$CKPT_DIR" "$config" "$BIN_DIR"
 log "training $ARCH on $DEVICE ($PRECISION): $MAX_UPDATE updates of up to $(( MAX_TOKENS * workers * UPDATE_FREQ )) tokens, dropout $DROPOUT, lr x $LR_SCALE"
 run fairseq-train "$BIN_DIR" --user-dir "$PLUGIN_DIR" --task vaswani_translation \
   --source-lang "$SRC" --target-lang "$TGT" \

@@ -262,11 +262,6 @@ run_identity() {
   fi
 }
 
-# has_checkpoints DIR: DIR holds checkpoints a fairseq-train run would resume from.
-has_checkpoints() {
-  compgen -G "$1/checkpoint*.pt" >/dev/null
-}
-
 # ---- the run --------------------------------------------------------------------------------
 train_args
 run_identity
@@ -292,24 +287,7 @@ if [ "$NODE_RANK" -gt 0 ]; then
   exit 0
 fi
 # (node 0 only: the other nodes' processes never hold the save directory's lock)
-if holder=$(dir_in_use "$CKPT_DIR"); then
-  die "$CKPT_DIR is in use by a training run that is still going on (${holder:-holder unknown}); wait for it to end"
-fi
-if [ -f "$CKPT_DIR/.done" ]; then
-  log "starting over in $CKPT_DIR"
-  step_restart "$CKPT_DIR"
-elif ! has_checkpoints "$CKPT_DIR"; then
-  mkdir -p "$CKPT_DIR"
-elif [ ! -f "$CKPT_DIR/.started" ]; then
-  log "starting over in $CKPT_DIR: its checkpoints have no record of the settings and data they were trained with (no .started; a deleted .done redoes the step)"
-  step_restart "$CKPT_DIR"
-elif step_can_continue "$CKPT_DIR" "$CONFIG" "${INPUTS[@]}"; then
-  log "resuming in $CKPT_DIR (from its newest intact checkpoint)"
-else
-  log "starting over in $CKPT_DIR"
-  step_restart "$CKPT_DIR"
-fi
-step_begin "$CKPT_DIR" "$CONFIG" "${INPUTS[@]}"
+begin_training "$CKPT_DIR" "$CONFIG" "${INPUTS[@]}"
 
 run_training
 plot_curves
