@@ -484,6 +484,20 @@ step_can_continue() {
   fi
 }
 
+# preprocess_outputs SRC TGT: the files fairseq-preprocess writes for the pair with train, valid
+# and test splits (paths relative to its --destdir), one per line.
+preprocess_outputs() {
+  local split lang
+  echo "dict.$1.txt"
+  echo "dict.$2.txt"
+  for split in train valid test; do
+    for lang in "$1" "$2"; do
+      echo "$split.$1-$2.$lang.bin"
+      echo "$split.$1-$2.$lang.idx"
+    done
+  done
+}
+
 # has_checkpoints DIR: DIR holds checkpoints a fairseq-train run would resume from.
 has_checkpoints() {
   compgen -G "$1/checkpoint*.pt" >/dev/null

@@ -30,11 +30,6 @@ step_restart "$BIN_DIR"
 run fairseq-preprocess --source-lang "$SRC" --target-lang "$TGT" \
   --trainpref "$PREP_DIR/train" --validpref "$PREP_DIR/valid" --testpref "$PREP_DIR/test" \
   --destdir "$BIN_DIR" --nwordssrc "$SRC_VOCAB" --workers "$WORKERS"
-outputs=("dict.$SRC.txt" "dict.$TGT.txt")
-for split in train valid test; do
-  for lang in "$SRC" "$TGT"; do
-    outputs+=("$split.$SRC-$TGT.$lang.bin" "$split.$SRC-$TGT.$lang.idx")
-  done
-done
+mapfile -t outputs < <(preprocess_outputs "$SRC" "$TGT")
 log "dictionaries: $(wc -l < "$BIN_DIR/dict.$SRC.txt") source and $(wc -l < "$BIN_DIR/dict.$TGT.txt") target types (+4 special symbols)"
 step_mark_done "$BIN_DIR" "$config" "$PREP_DIR" -- "${outputs[@]}"

@@ -27,11 +27,6 @@ step_restart "$BIN_DIR"
 run fairseq-preprocess --source-lang "$S" --target-lang "$T" \
   --trainpref "$PREP_DIR/train" --validpref "$PREP_DIR/valid" --testpref "$PREP_DIR/test" \
   --destdir "$BIN_DIR" --joined-dictionary --workers "$WORKERS"
-outputs=("dict.$S.txt" "dict.$T.txt")
-for split in train valid test; do
-  for lang in "$S" "$T"; do
-    outputs+=("$split.$S-$T.$lang.bin" "$split.$S-$T.$lang.idx")
-  done
-done
+mapfile -t outputs < <(preprocess_outputs "$S" "$T")
 log "dictionary: $(wc -l < "$BIN_DIR/dict.$S.txt") types (+4 special symbols)"
 step_mark_done "$BIN_DIR" "$config" "$PREP_DIR" -- "${outputs[@]}"

@@ -128,7 +128,8 @@ class CTranslate2Translator(TextTranslator):
         search only: constraints, sampling and alignments are a ``ValueError`` naming the
         option, since CTranslate2 has no GNMT re-ranking for them."""
         asked = sorted(name for name, value in decoding.items()
-                       if value != FAIRSEQ_ONLY_DEFAULTS.get(name, not value))
+                       if name not in FAIRSEQ_ONLY_DEFAULTS
+                       or value != FAIRSEQ_ONLY_DEFAULTS[name])
         if constraints is not None:
             asked.insert(0, "constraints")
         if asked:
