@@ -59,8 +59,9 @@ def test_carry_is_verified_and_a_rerun_changes_nothing(tiny_carry):
 
 def test_every_section_passes_on_cpu(dry_run):
     statuses = {name: s["status"] for name, s in dry_run["report"]["sections"].items()}
-    assert statuses == dict.fromkeys(("equivalence", "training", "decoding", "speed", "demo"),
-                                     "passed"), dry_run["proc"].stdout[-3000:]
+    assert statuses == dict.fromkeys(
+        ("equivalence", "training", "decoding", "speed", "profile", "demo"), "passed"
+    ), dry_run["proc"].stdout[-3000:]
     assert dry_run["proc"].returncode == 0
     assert dry_run["report"]["environment"]["device"] == "cpu"
     assert dry_run["report"]["environment"]["torch"]
@@ -122,6 +123,13 @@ def test_speed_runs_stock_without_the_plugin_and_counts_flops_by_the_formula(dry
     assert section["ratio_tiny_ours_fp32_over_stock_fp32"] == pytest.approx(
         runs["speed-tiny-ours-fp32"]["target_tokens_per_s"]
         / runs["speed-tiny-stock-fp32"]["target_tokens_per_s"])
+
+
+def test_profile_tables_name_the_training_step(dry_run):
+    section = dry_run["report"]["sections"]["profile"]
+    for impl in ("stock-fp32", "ours-fp32", "ours-bf16"):
+        top = "\n".join(section[f"profile-tiny-{impl}"]["top"])
+        assert f"train_step-{section['steps'][0]}" in top and "forward" in top, impl
 
 
 def test_demo_trains_averages_and_scores(dry_run):

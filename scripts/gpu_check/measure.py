@@ -7,16 +7,55 @@
 the peak resident set size on a CPU. Nothing of the plugin is imported here: a stock fairseq
 command stays stock (the plugin is loaded only by a ``--user-dir`` among ARGS). The only
 change to the process: ``torch.cuda.reset_peak_memory_stats``, which fairseq's trainer calls at
-every logged step, first records the peak it is about to clear.
+every logged step, first records the peak it is about to clear; with ``VASWANI_PROFILE`` set,
+``Trainer.train_step`` is timed by ``torch.profiler`` over a few steps
+(:func:`profile_train_steps`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import resource
 import runpy
 import sys
 import time
+
+
+def profile_train_steps(spec: str) -> None:
+    """``VASWANI_PROFILE=OUT.txt:FIRST:COUNT``: profile training steps FIRST..FIRST+COUNT-1 with
+    ``torch.profiler`` and write the operators by device time, then by host time, to OUT.txt."""
+    import torch
+    from fairseq.trainer import Trainer
+
+    out, first, count = spec.rsplit(":", 2)
+    first, count = int(first), int(count)
+    original = Trainer.train_step
+    state = {"step": 0, "profiler": None}
+
+    def profiled_train_step(self, *args, **kwargs):
+        state["step"] += 1
+        if state["step"] == first:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            state["profiler"] = torch.profiler.profile(activities=activities)
+            state["profiler"].__enter__()
+        result = original(self, *args, **kwargs)
+        if state["step"] == first + count - 1 and state["profiler"] is not None:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            state["profiler"].__exit__(None, None, None)
+            averages = state["profiler"].key_averages()
+            device_key = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
+            with open(out, "w", encoding="utf-8") as handle:
+                handle.write(f"steps {first}..{first + count - 1}\n")
+                handle.write(averages.table(sort_by=device_key, row_limit=30) + "\n")
+                handle.write(averages.table(sort_by="self_cpu_time_total", row_limit=30))
+            state["profiler"] = None
+        return result
+
+    Trainer.train_step = profiled_train_step
 
 
 def main() -> int:
@@ -37,6 +76,9 @@ def main() -> int:
         reset(*device)
 
     torch.cuda.reset_peak_memory_stats = keep_peak_then_reset
+    profile = os.environ.get("VASWANI_PROFILE")
+    if profile:
+        profile_train_steps(profile)
     start = time.time()
     code = 0
     try:

@@ -32,6 +32,9 @@ Sections:
     fairseq (``transformer_wmt_en_de`` / ``transformer_vaswani_wmt_en_de_big`` with its own
     criterion and scheduler, in a process without the plugin) in fp16, ours in fp16 and bf16:
     target tokens/s, peak memory and MFU (:func:`training_flops_per_target_token`).
+``profile``
+    ``torch.profiler`` over five training steps of base: stock fp16, ours fp16 and bf16; the
+    operator tables (by device time, by host time) are in the logs, the top rows in the report.
 ``demo``
     the Multi30k demo's configuration (``recipes/demo_multi30k.sh``) trained with ``--bf16``,
     averaged, decoded with the paper's settings and scored with sacreBLEU; wall time.
@@ -66,7 +69,7 @@ from typing import Any, Dict, List, Optional, Sequence
 REPO = Path(__file__).resolve().parents[2]
 KIT = Path(__file__).resolve().parent
 PLUGIN = REPO / "user_plugin"
-SECTIONS = ("equivalence", "training", "decoding", "speed", "demo")
+SECTIONS = ("equivalence", "training", "decoding", "speed", "profile", "demo")
 #: Dense bf16/fp16 tensor-core peak of the H100 and H200 (SXM) on paper, TFLOP/s.
 PEAK_TFLOPS = 989.0
 
@@ -121,7 +124,8 @@ class Settings:
         # at each of its 18 saves and ran 700 of its 1,800 updates in 130 s
         self.budgets = {"install": 60, "equivalence": 60,
                         "training": 240 if tiny else 200, "decoding": 120 if tiny else 70,
-                        "speed": 240 if tiny else 300, "demo": 240 if tiny else 420}
+                        "speed": 240 if tiny else 300, "profile": 120 if tiny else 150,
+                        "demo": 240 if tiny else 420}
 
 
 class Check:
@@ -420,6 +424,42 @@ class Check:
         ran = [r for r in results["runs"].values() if r.get("status") != "skipped"]
         results["status"] = "passed" if ran and all(r["status"] == "passed" for r in ran) \
             else "failed"
+        return results
+
+    def section_profile(self, budget: float) -> Dict[str, Any]:
+        """Where a training step's time goes: ``torch.profiler`` over a few steps of base, stock
+        fp16 and ours in each precision; the operator tables go to logs/ and the report keeps
+        the top rows."""
+        s = self.settings
+        first, count = (3, 2) if s.tiny else (25, 5)
+        size = next(iter(s.speed_sizes))
+        started = time.time()
+        results: Dict[str, Any] = {"steps": [first, first + count - 1], "size": size}
+        stock_precisions, our_precisions = s.speed_precisions
+        plan = [("stock", p) for p in stock_precisions] + [("ours", p) for p in our_precisions]
+        for impl, precision in plan:
+            name = f"profile-{size}-{impl}-{precision}"
+            table = self.logs / f"{name}.txt"
+            remaining = budget - (time.time() - started)
+            if remaining < 20:
+                results[name] = {"status": "skipped", "reason": "out of time"}
+                continue
+            args = self.speed_args(impl, size, precision)
+            args[args.index("--max-update") + 1] = str(first + count)
+            self.env["VASWANI_PROFILE"] = f"{table}:{first}:{count}"
+            try:
+                run = self.command(name, self.measured(name, "train", args), remaining,
+                                   stock=impl == "stock")
+            finally:
+                del self.env["VASWANI_PROFILE"]
+            if run["code"] != 0 or not table.exists():
+                results[name] = failed(run)
+                continue
+            results[name] = {"status": "passed",
+                             "top": table.read_text(encoding="utf-8").splitlines()[:16]}
+        ran = [r for k, r in results.items() if isinstance(r, dict) and "status" in r]
+        results["status"] = "passed" if ran and all(r["status"] in ("passed", "skipped")
+                                                     for r in ran) else "failed"
         return results
 
     def section_demo(self, budget: float) -> Dict[str, Any]:
