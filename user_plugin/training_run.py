@@ -1,7 +1,7 @@
 """A training run's save directory: one writer, final means final, intact resumes, no orphans.
 
 fairseq-train keeps a run's whole state in its ``--save-dir``; a rerun of the same command
-resumes from ``checkpoint_last.pt``. :func:`install_training_run_guards` (run when the plugin is
+resumes from ``checkpoint_last.pt``. :mod:`user_plugin.fairseq_patches` (when the plugin is
 imported) wraps four of fairseq's ``checkpoint_utils`` functions, which ``fairseq_cli.train``
 and the trainer look up there at call time, so that:
 
@@ -240,7 +240,8 @@ def plan_resume(cfg, trainer) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# The wrappers
+# The wrappers of fairseq's ``checkpoint_utils`` functions, installed by
+# :mod:`user_plugin.fairseq_patches`: each takes fairseq's function and returns its replacement.
 
 
 def _is_global_master(trainer) -> bool:
@@ -249,7 +250,7 @@ def _is_global_master(trainer) -> bool:
     return distributed_utils.is_master(trainer.cfg.distributed_training)
 
 
-def _guarded_load_checkpoint(load_checkpoint):
+def guarded_load_checkpoint(load_checkpoint):
     @functools.wraps(load_checkpoint)
     def load(cfg, trainer, **passthrough_args):
         from fairseq.distributed import utils as distributed_utils
@@ -277,7 +278,7 @@ def _guarded_load_checkpoint(load_checkpoint):
     return load
 
 
-def _locking_verify_checkpoint_directory(verify_checkpoint_directory):
+def locking_verify_checkpoint_directory(verify_checkpoint_directory):
     @functools.wraps(verify_checkpoint_directory)
     def verify(save_dir: str) -> None:
         claim_save_dir(save_dir)
@@ -286,7 +287,7 @@ def _locking_verify_checkpoint_directory(verify_checkpoint_directory):
     return verify
 
 
-def _one_line_torch_persistent_save(torch_persistent_save):
+def one_line_torch_persistent_save(torch_persistent_save):
     @functools.wraps(torch_persistent_save)
     def persistent_save(obj, filename, async_write: bool = False):
         from fairseq.file_io import PathManager
@@ -303,7 +304,7 @@ def _one_line_torch_persistent_save(torch_persistent_save):
     return persistent_save
 
 
-def _verifying_load_checkpoint_to_cpu(load_checkpoint_to_cpu):
+def verifying_load_checkpoint_to_cpu(load_checkpoint_to_cpu):
     @functools.wraps(load_checkpoint_to_cpu)
     def load_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
         local = Path(path)
@@ -320,24 +321,3 @@ def _verifying_load_checkpoint_to_cpu(load_checkpoint_to_cpu):
             raise load_error(local, error, upgrade=True) from None
 
     return load_to_cpu
-
-
-def install_training_run_guards() -> None:
-    """Wrap fairseq's ``checkpoint_utils.verify_checkpoint_directory``, ``load_checkpoint``,
-    ``torch_persistent_save`` and ``load_checkpoint_to_cpu`` (see the module docstring), and
-    report the plugin's one-line errors without a traceback. Idempotent."""
-    from fairseq import checkpoint_utils
-
-    from .files.errors import install_one_line_errors
-
-    if getattr(checkpoint_utils, "vaswani_training_run_guards", False):
-        return
-    checkpoint_utils.verify_checkpoint_directory = _locking_verify_checkpoint_directory(
-        checkpoint_utils.verify_checkpoint_directory)
-    checkpoint_utils.load_checkpoint = _guarded_load_checkpoint(checkpoint_utils.load_checkpoint)
-    checkpoint_utils.torch_persistent_save = _one_line_torch_persistent_save(
-        checkpoint_utils.torch_persistent_save)
-    checkpoint_utils.load_checkpoint_to_cpu = _verifying_load_checkpoint_to_cpu(
-        checkpoint_utils.load_checkpoint_to_cpu)
-    checkpoint_utils.vaswani_training_run_guards = True
-    install_one_line_errors()
