@@ -11,10 +11,10 @@
   verified and intact resumes, one-line save errors), ``--bf16`` as autocast, a progress line,
   fixes of fairseq's decoding bugs, one-line errors.
 
-``--user-dir user_plugin`` gets here through ``tasks/__init__``, which fairseq's loader imports in
-every entry point and every spawned process before any checkpoint is read. Python code that
-loads checkpoints or builds models without a fairseq command line imports this module (the hub
-and the scripts do).
+``--user-dir user_plugin`` gets here through ``tasks/load_plugin``, which fairseq's loader
+imports in every entry point and every spawned process before any checkpoint is read. Python
+code that loads checkpoints or builds models without a fairseq command line imports this module
+(the hub and the scripts do).
 """
 
 from . import fairseq_patches
@@ -27,7 +27,7 @@ except fairseq_patches.PatchSwitchError as error:  # a misspelt switch: one line
     raise SystemExit(f"error: {error}") from None
 
 # Registration happens on import; safe loading must be allowed first, hence the late imports.
-from . import criterions, lr_schedulers, models, tasks  # noqa: E402,F401,I001
+from . import criterions, lr_schedulers, models  # noqa: E402,F401,I001
 from .criterions import label_smoothed_cross_entropy  # noqa: E402,F401
 from .lr_schedulers import inverse_sqrt_warmup  # noqa: E402,F401
 from .tasks import vaswani_translation  # noqa: E402,F401
