@@ -1,9 +1,9 @@
 """The blocks of the Transformer (paper §3), each made by one method of one factory object.
 
-:class:`TransformerBlocks` builds every part of the model: the stacks and their layers (§3.1),
-attention (§3.2), the feed-forward network (§3.3), embeddings (§3.4) and positions (§3.5). The
-model (:class:`~.vaswani_transformer.VaswaniTransformerModel`) holds one as its ``blocks``
-attribute and hands it down: the stacks ask it for their layers, the layers for their
+:class:`TransformerBlocks` builds every part inside the stacks: their layers (§3.1), attention
+(§3.2), the feed-forward network (§3.3), embeddings (§3.4) and positions (§3.5). The model
+(:class:`~.vaswani_transformer.VaswaniTransformerModel`) holds one as its ``blocks`` attribute
+and hands it to its encoder and decoder; they ask it for their layers, the layers for their
 sub-layers. Nothing else builds a block, so swapping one is one subclass that overrides one
 method, named by a model (docs/extending.md, ``examples/custom_ffn``)::
 
@@ -31,23 +31,13 @@ from ..modules.decoder_layer import DecoderLayer
 from ..modules.encoder_layer import EncoderLayer
 from ..modules.feed_forward import PositionWiseFeedForward
 from ..modules.positional_encoding import build_positional_encoding
-from .decoder import VaswaniDecoder
-from .encoder import VaswaniEncoder
 from .transformer_config import StackConfig
 
 
 class TransformerBlocks:
     """The paper's blocks. Stateless: one instance serves every model of a class."""
 
-    # -- the stacks (§3.1) ----------------------------------------------------------------
-
-    def build_encoder(self, cfg, dictionary, embed_tokens: nn.Embedding) -> VaswaniEncoder:
-        """The encoder stack, whose layers come from :meth:`build_encoder_layer`."""
-        return VaswaniEncoder(cfg, dictionary, embed_tokens, blocks=self)
-
-    def build_decoder(self, cfg, dictionary, embed_tokens: nn.Embedding) -> VaswaniDecoder:
-        """The decoder stack, whose layers come from :meth:`build_decoder_layer`."""
-        return VaswaniDecoder(cfg, dictionary, embed_tokens, blocks=self)
+    # -- the layers of the stacks (§3.1) ----------------------------------------------------
 
     def build_encoder_layer(self, stack: StackConfig) -> nn.Module:
         """One encoder layer (§3.1): self-attention and feed-forward."""

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from ..modules.beam_state import BeamLayout
 from ..modules.positional_encoding import check_length, token_positions
 from ..modules.scaled_dot_product import key_padding_to_attn_mask
+from .blocks import TransformerBlocks
 from .stack import TransformerStack
 from .transformer_config import StackConfig
 
@@ -26,11 +27,13 @@ EncoderOut = Dict[str, List]
 
 class VaswaniEncoder(TransformerStack, FairseqEncoder):
     """The encoder; ``blocks`` builds its layers (``build_encoder_layer``): the model's
-    :class:`~.blocks.TransformerBlocks`."""
+    :class:`~.blocks.TransformerBlocks`, the paper's by default."""
 
-    def __init__(self, cfg, dictionary, embed_tokens: nn.Embedding, blocks) -> None:
+    def __init__(self, cfg, dictionary, embed_tokens: nn.Embedding,
+                 blocks: Optional[TransformerBlocks] = None) -> None:
         FairseqEncoder.__init__(self, dictionary)
         self.cfg = cfg
+        blocks = blocks or TransformerBlocks()
         self.build_stack(StackConfig.of(cfg, "encoder"), embed_tokens, blocks,
                          blocks.build_encoder_layer)
 

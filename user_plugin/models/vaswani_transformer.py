@@ -4,8 +4,9 @@ An encoder (:mod:`.encoder`) and an incremental decoder (:mod:`.decoder`) on fai
 classes, so fairseq's trainer, checkpointing, distributed training, reduced-precision optimizers
 and ``SequenceGenerator`` drive it unchanged.
 
-Every part is made by one method of the model's ``blocks``, a
-:class:`~.blocks.TransformerBlocks` handed down to the stacks and layers. To swap a block,
+The model builds its two stacks (``build_encoder``, ``build_decoder``); every part inside
+them is made by one method of the model's ``blocks``, a :class:`~.blocks.TransformerBlocks`
+handed down to the stacks and layers. To swap a block,
 override that one method in a subclass of the blocks, and name it as the ``blocks`` of a model
 registered with an architecture (docs/extending.md, ``examples/custom_ffn``).
 
@@ -71,9 +72,19 @@ class VaswaniTransformerModel(FairseqEncoderDecoderModel):
             decoder_embed = blocks.build_embedding(tgt_dict, cfg.decoder_embed_dim)
             load_pretrained_embedding(decoder_embed, tgt_dict, cfg.decoder_embed_path,
                                       "--decoder-embed-path")
-        encoder = blocks.build_encoder(cfg, src_dict, encoder_embed)
-        decoder = blocks.build_decoder(cfg, tgt_dict, decoder_embed)
+        encoder = cls.build_encoder(cfg, src_dict, encoder_embed)
+        decoder = cls.build_decoder(cfg, tgt_dict, decoder_embed)
         return cls(cfg, encoder, decoder)
+
+    @classmethod
+    def build_encoder(cls, cfg, dictionary, embed_tokens: nn.Embedding) -> VaswaniEncoder:
+        """The encoder stack (§3.1), whose layers come from the model's ``blocks``."""
+        return VaswaniEncoder(cfg, dictionary, embed_tokens, blocks=cls.blocks)
+
+    @classmethod
+    def build_decoder(cls, cfg, dictionary, embed_tokens: nn.Embedding) -> VaswaniDecoder:
+        """The decoder stack (§3.1), whose layers come from the model's ``blocks``."""
+        return VaswaniDecoder(cfg, dictionary, embed_tokens, blocks=cls.blocks)
 
     def load_state_dict(self, state_dict, strict: bool = True, model_cfg=None, args=None):
         """Load ``state_dict``, pruning it to ``--{encoder,decoder}-layers-to-keep`` first
