@@ -240,8 +240,7 @@ def plan_resume(cfg, trainer) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# The wrappers of fairseq's ``checkpoint_utils`` functions, installed by
-# :mod:`user_plugin.fairseq_patches`: each takes fairseq's function and returns its replacement.
+# The wrappers
 
 
 def _is_global_master(trainer) -> bool:
@@ -250,7 +249,7 @@ def _is_global_master(trainer) -> bool:
     return distributed_utils.is_master(trainer.cfg.distributed_training)
 
 
-def guarded_load_checkpoint(load_checkpoint):
+def _guarded_load_checkpoint(load_checkpoint):
     @functools.wraps(load_checkpoint)
     def load(cfg, trainer, **passthrough_args):
         from fairseq.distributed import utils as distributed_utils
@@ -278,7 +277,7 @@ def guarded_load_checkpoint(load_checkpoint):
     return load
 
 
-def locking_verify_checkpoint_directory(verify_checkpoint_directory):
+def _locking_verify_checkpoint_directory(verify_checkpoint_directory):
     @functools.wraps(verify_checkpoint_directory)
     def verify(save_dir: str) -> None:
         claim_save_dir(save_dir)
@@ -287,7 +286,7 @@ def locking_verify_checkpoint_directory(verify_checkpoint_directory):
     return verify
 
 
-def one_line_torch_persistent_save(torch_persistent_save):
+def _one_line_torch_persistent_save(torch_persistent_save):
     @functools.wraps(torch_persistent_save)
     def persistent_save(obj, filename, async_write: bool = False):
         from fairseq.file_io import PathManager
@@ -304,7 +303,7 @@ def one_line_torch_persistent_save(torch_persistent_save):
     return persistent_save
 
 
-def verifying_load_checkpoint_to_cpu(load_checkpoint_to_cpu):
+def _verifying_load_checkpoint_to_cpu(load_checkpoint_to_cpu):
     @functools.wraps(load_checkpoint_to_cpu)
     def load_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
         local = Path(path)

@@ -99,13 +99,13 @@ PATCHES: Tuple[Patch, ...] = (
     Patch(
         "save_dir_lock",
         _one(f"{_CHECKPOINTS}:verify_checkpoint_directory",
-             f"{_RUN}:locking_verify_checkpoint_directory"),
+             f"{_RUN}:_locking_verify_checkpoint_directory"),
         "one writer per --save-dir: a second fairseq-train on a directory a live run uses stops "
         "with one line naming the holder, before writing anything (fairseq alone has no lock)",
     ),
     Patch(
         "resume_plan",
-        _one(f"{_CHECKPOINTS}:load_checkpoint", f"{_RUN}:guarded_load_checkpoint"),
+        _one(f"{_CHECKPOINTS}:load_checkpoint", f"{_RUN}:_guarded_load_checkpoint"),
         "a rerun of a finished run changes nothing (fairseq alone trains update max+1 and "
         "overwrites checkpoint_last.pt); a damaged checkpoint_last.pt resumes from the newest "
         "intact checkpoint (fairseq alone resumes from garbage); partial files of killed saves "
@@ -113,13 +113,15 @@ PATCHES: Tuple[Patch, ...] = (
     ),
     Patch(
         "one_line_checkpoint_save",
-        _one(f"{_CHECKPOINTS}:torch_persistent_save", f"{_RUN}:one_line_torch_persistent_save"),
+        _one(f"{_CHECKPOINTS}:torch_persistent_save",
+             f"{_RUN}:_one_line_torch_persistent_save"),
         "checkpoints are written atomically and a full disk is one error line (fairseq alone: "
         "a 25-line RuntimeError from torch's zip writer, and a .tmp file left)",
     ),
     Patch(
         "verified_checkpoint_load",
-        _one(f"{_CHECKPOINTS}:load_checkpoint_to_cpu", f"{_RUN}:verifying_load_checkpoint_to_cpu"),
+        _one(f"{_CHECKPOINTS}:load_checkpoint_to_cpu",
+             f"{_RUN}:_verifying_load_checkpoint_to_cpu"),
         "every checkpoint fairseq reads is CRC-checked first: a truncated, damaged or foreign "
         "file is one line naming it (fairseq alone: a torch.load traceback, or a flipped bit "
         "loaded unnoticed)",
