@@ -3,9 +3,10 @@
 Fast subset: ``python -m pytest -m fast`` runs the test modules listed in
 :data:`FAST_MODULES` (the model, its blocks and Table 3, attention caches, criterion, schedule,
 file helpers, the plugin's fairseq patches and import graph, parsing; only a few short
-fairseq runs on a Multi30k slice). About 4 minutes on 2 busy cores, against 20 or more for the
-whole suite. ``-m "not fast"`` runs the rest. The marker is given here, by module, so that a
-new test module joins the subset by being named below.
+fairseq runs on a Multi30k slice): 272 tests in 3 min 12 s on 2 cores shared with other jobs
+(load 8), against 20 min or more for the whole suite. ``-m "not fast"`` runs the rest. The
+marker is given here, by module, so that a new test module joins the subset by being named
+below.
 """
 
 from __future__ import annotations
