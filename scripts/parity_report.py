@@ -7,7 +7,12 @@ validation figures, training time, and their training curves overlaid.
         --output-dir work_dirs/demo_multi30k/parity
 
 Each ``--run LABEL=RUN_DIR`` is a run directory of the recipes (``checkpoints/train.log``,
-``score/bleu.json``). Writes ``parity.md`` (the table, the machine and versions), ``parity.json``
+``score/bleu.json``). The report says, for each run, whether the plugin was in its training and
+decoding processes: fairseq logs its configuration, ``user_dir`` included, at the start of
+``train.log`` and of ``generate/generate.log`` (where the recipe kept it), so a built-in
+``transformer`` trained by stock fairseq (no ``--user-dir``) shows ``user_dir: None``.
+
+Writes ``parity.md`` (the table, the machine and versions), ``parity.json``
 (the same figures) and ``parity_curves.png`` (scripts/plot_training.py's panels, runs
 overlaid) into ``--output-dir``, each atomically. ``recipes/parity_multi30k.sh`` runs it.
 """
@@ -19,6 +24,7 @@ import json
 import logging
 import os
 import platform
+import re
 import sys
 from collections.abc import Sequence
 from importlib import metadata
@@ -64,6 +70,28 @@ def read_scores(path: Path) -> dict:
                         f"(no {error})") from None
 
 
+_USER_DIR = re.compile(r"'user_dir': (None|'[^']*')")
+
+
+def user_dir_of(log_path: Path) -> str | None:
+    """What a fairseq log says its process loaded as ``--user-dir``: ``"none"`` (stock
+    fairseq), the path, or None when the log is absent or holds no configuration."""
+    try:
+        text = log_path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    found = _USER_DIR.search(text)
+    if found is None:
+        return None
+    return "none" if found.group(1) == "None" else found.group(1).strip("'")
+
+
+def plugin_cell(user_dir: str | None) -> str:
+    if user_dir is None:
+        return "not recorded"
+    return "no (stock fairseq)" if user_dir == "none" else f"yes (`{Path(user_dir).name}`)"
+
+
 def run_figures(label: str, run_dir: Path) -> dict:
     """Test scores and validation figures of one run directory."""
     log = read_training_log(run_dir / "checkpoints" / "train.log")
@@ -76,6 +104,8 @@ def run_figures(label: str, run_dir: Path) -> dict:
     figures["last_valid_ppl"] = ppl.last()[1] if ppl.last() else None
     figures["last_valid_bleu"] = bleu.last()[1] if bleu.last() else None
     figures["training_seconds"] = sum(log.training_seconds) or None
+    figures["train_user_dir"] = user_dir_of(run_dir / "checkpoints" / "train.log")
+    figures["generate_user_dir"] = user_dir_of(run_dir / "generate" / "generate.log")
     figures["log"] = log
     return figures
 
@@ -108,8 +138,9 @@ def markdown(runs: Sequence[dict], curves: str) -> str:
     """The comparison table and its context."""
     lines = [
         "| model | sacreBLEU (BP) | tokenized BLEU | best validation BLEU (update) "
-        "| last validation BLEU | last validation perplexity | training time |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| last validation BLEU | last validation perplexity | training time "
+        "| plugin loaded: training / decoding |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for run in runs:
         seconds = run["training_seconds"]
@@ -120,13 +151,17 @@ def markdown(runs: Sequence[dict], curves: str) -> str:
         lines.append(
             f"| {run['label']} | **{run['sacrebleu']:.2f}** ({run['sacrebleu_bp']:.3f}) "
             f"| {run['tokenized_bleu']:.2f} | {best} | {_cell(run['last_valid_bleu'], 2)} "
-            f"| {_cell(run['last_valid_ppl'], 2)} | {time} |")
+            f"| {_cell(run['last_valid_ppl'], 2)} | {time} "
+            f"| {plugin_cell(run['train_user_dir'])} / {plugin_cell(run['generate_user_dir'])} |")
     signature = runs[0]["sacrebleu_signature"]
     lines += [
         "",
         f"Test: {runs[0]['num_sentences']} sentences; sacreBLEU signature `{signature}`; "
         "tokenized BLEU: Moses tokenization with compound splitting. Models: the average of "
         "the last checkpoints; validation BLEU: during training, per checkpoint.",
+        "Plugin loaded: whether the process had the plugin (`--user-dir`), read from the "
+        "configuration fairseq logs at the start of `train.log` and `generate/generate.log`; a "
+        "run without it is stock fairseq, unchanged by the plugin's fairseq patches.",
         f"Machine: {machine()}.",
         f"Curves: `{curves}`.",
     ]

@@ -38,7 +38,10 @@ then sets the step's gradient norm with ``torch.tensor(0.0).cuda()``, which fail
 During a CPU trainer's float16 step, ``Tensor.cuda`` returns the tensor itself, so that the
 overflow is handled on a CPU as on a GPU and training goes on.
 
-:func:`install_reduced_precision` installs both, once, from :mod:`user_plugin.registration`.
+:mod:`user_plugin.fairseq_patches` installs both (rows ``bf16_autocast`` and
+``fp16_overflow_on_cpu``): the launcher ``distributed_utils.call_main`` and four methods of
+fairseq's ``Trainer`` are wrapped. ``torch.Tensor.cuda`` is replaced only within one CPU
+float16 training step, in a ``with`` block that puts torch's own method back.
 """
 
 from __future__ import annotations
@@ -144,59 +147,45 @@ def _tensor_cuda_stays_on_cpu() -> Iterator[None]:
         torch.Tensor.cuda = cuda  # type: ignore[method-assign]
 
 
-def install_reduced_precision() -> None:
-    """Install :func:`install_bf16_autocast` and :func:`install_fp16_overflow_on_cpu`."""
-    install_bf16_autocast()
-    install_fp16_overflow_on_cpu()
+# -- the replacements of fairseq's functions, installed by :mod:`user_plugin.fairseq_patches`
+# (rows ``bf16_autocast`` and ``fp16_overflow_on_cpu``): each takes fairseq's original and
+# returns the function that goes in its place.
 
 
-def install_fp16_overflow_on_cpu() -> None:
-    """Let fairseq's trainer handle a float16 loss-scale overflow on a CPU (see the module's
-    description): its ``train_step`` runs with ``Tensor.cuda`` returning the tensor itself when
-    the trainer is on a CPU in float16. Idempotent."""
-    from fairseq.trainer import Trainer
-
-    if getattr(Trainer, "fp16_overflow_on_cpu_installed", False):
-        return
-    train_step = Trainer.train_step
+def trainer_train_step_fp16_on_cpu(train_step: Any) -> Any:
+    """``Trainer.train_step`` that handles a float16 loss-scale overflow on a CPU (see the
+    module's description): the step runs with ``Tensor.cuda`` returning the tensor itself, only
+    within the step, when the trainer is on a CPU in float16."""
 
     @functools.wraps(train_step)
-    def trainer_train_step(self: Trainer, *args: Any, **kwargs: Any) -> Any:
+    def trainer_train_step(self: Any, *args: Any, **kwargs: Any) -> Any:
         if self.device.type != "cpu" or not self.cfg.common.fp16:
             return train_step(self, *args, **kwargs)
         with _tensor_cuda_stays_on_cpu():
             return train_step(self, *args, **kwargs)
 
-    Trainer.train_step = trainer_train_step
-    Trainer.fp16_overflow_on_cpu_installed = True
+    return trainer_train_step
 
 
-def install_bf16_autocast() -> None:
-    """Serve fairseq's ``--bf16`` by bfloat16 autocast (see the module's description), by
-    wrapping fairseq's launcher ``distributed_utils.call_main`` and three methods of its
-    ``Trainer``: ``__init__`` (no bfloat16 cast of the model; the criterion's forward under
-    autocast), ``_build_optimizer`` (the float32 optimizer) and ``_fp_convert_sample`` (no
-    bfloat16 cast of the batch). Runs without ``--bf16``, and on a TPU, are untouched.
-    Idempotent."""
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-    from fairseq.distributed import utils as distributed_utils
-    from fairseq.trainer import Trainer
-
-    if getattr(Trainer, "bf16_autocast_installed", False):
-        return
-    call_main = distributed_utils.call_main
+def call_main_bf16_without_tpu(call_main: Any) -> Any:
+    """fairseq's launcher ``distributed_utils.call_main``, after undoing the ``--tpu`` that
+    ``--bf16`` implies when torch_xla is not installed."""
 
     @functools.wraps(call_main)
-    def call_main_bf16_without_tpu(cfg: Any, main: Any, **kwargs: Any) -> Any:
+    def call_main_without_tpu(cfg: Any, main: Any, **kwargs: Any) -> Any:
         release_bf16_from_tpu(cfg)
         return call_main(cfg, main, **kwargs)
 
-    init = Trainer.__init__
-    build_optimizer = Trainer._build_optimizer
-    fp_convert_sample = Trainer._fp_convert_sample
+    return call_main_without_tpu
+
+
+def trainer_init_bf16_autocast(init: Any) -> Any:
+    """``Trainer.__init__`` without the bfloat16 cast of the model, the criterion's forward
+    under bfloat16 autocast (runs without ``--bf16``, and on a TPU, are untouched)."""
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     @functools.wraps(init)
-    def trainer_init(self: Trainer, cfg: Any, *args: Any, **kwargs: Any) -> None:
+    def trainer_init(self: Any, cfg: Any, *args: Any, **kwargs: Any) -> None:
         if isinstance(cfg, Namespace):
             cfg = convert_namespace_to_omegaconf(cfg)
         release_bf16_from_tpu(cfg)
@@ -211,22 +200,31 @@ def install_bf16_autocast() -> None:
             "the loss under torch.autocast(bfloat16) on %s", self.device.type,
         )
 
+    return trainer_init
+
+
+def trainer_build_optimizer_fp32(build_optimizer: Any) -> Any:
+    """``Trainer._build_optimizer`` that builds the plain float32 optimizer under ``--bf16``."""
+
     @functools.wraps(build_optimizer)
-    def trainer_build_optimizer(self: Trainer) -> None:
+    def trainer_build_optimizer(self: Any) -> None:
         if not uses_bf16_autocast(self.cfg):
             build_optimizer(self)
             return
         with _fairseq_sees_fp32(self.cfg):
             build_optimizer(self)
 
+    return trainer_build_optimizer
+
+
+def trainer_fp_convert_sample_bf16(fp_convert_sample: Any) -> Any:
+    """``Trainer._fp_convert_sample`` that leaves the batch alone under ``--bf16``: autocast
+    casts what it runs in bfloat16."""
+
     @functools.wraps(fp_convert_sample)
-    def trainer_fp_convert_sample(self: Trainer, sample: Any) -> Any:
+    def trainer_fp_convert_sample(self: Any, sample: Any) -> Any:
         if uses_bf16_autocast(self.cfg):
-            return sample  # autocast casts what it runs in bfloat16
+            return sample
         return fp_convert_sample(self, sample)
 
-    distributed_utils.call_main = call_main_bf16_without_tpu
-    Trainer.__init__ = trainer_init
-    Trainer._build_optimizer = trainer_build_optimizer
-    Trainer._fp_convert_sample = trainer_fp_convert_sample
-    Trainer.bf16_autocast_installed = True
+    return trainer_fp_convert_sample

@@ -1,9 +1,10 @@
 """Training progress against ``--max-update``, with the time left: one line per log interval.
 
 fairseq-train logs its statistics every ``--log-interval`` updates (``train_inner``) but never
-says how far the run is. :func:`install_progress_reporting` (called by the plugin's
-registration, so every ``fairseq-train --user-dir user_plugin`` has it, whatever ``--task``)
-wraps the progress bars that fairseq's ``progress_bar.progress_bar`` builds. The training bar
+says how far the run is. :func:`reporting_progress_bar` (installed by
+:mod:`user_plugin.fairseq_patches` with the plugin, so every ``fairseq-train --user-dir
+user_plugin`` has it, whatever ``--task``) wraps the progress bars that fairseq's
+``progress_bar.progress_bar`` builds. The training bar
 (the one fairseq hands its configuration through ``update_config``) then follows each
 ``train_inner`` record with a line of its own::
 
@@ -236,21 +237,16 @@ class ProgressReportingBar:
         self.wrapped.print(stats, tag=tag, step=step)
 
 
-def install_progress_reporting() -> None:
-    """Make fairseq's ``progress_bar.progress_bar`` return bars that report progress.
+def reporting_progress_bar(build: Callable[..., Any]) -> Callable[..., Any]:
+    """fairseq's ``progress_bar.progress_bar``, returning bars that report progress.
 
     fairseq's training loop calls it through the module (``progress_bar.progress_bar(...)``),
-    so replacing the module's function reaches every entry point. Idempotent.
+    so :mod:`user_plugin.fairseq_patches` (row ``progress_report``) puts this in the module's
+    place and every entry point gets it.
     """
-    from fairseq.logging import progress_bar as fairseq_progress_bar
-
-    build = fairseq_progress_bar.progress_bar
-    if getattr(build, "reports_progress", False):
-        return
 
     @functools.wraps(build)
     def progress_bar(*args, **kwargs):
         return ProgressReportingBar(build(*args, **kwargs), _REPORTER)
 
-    progress_bar.reports_progress = True
-    fairseq_progress_bar.progress_bar = progress_bar
+    return progress_bar

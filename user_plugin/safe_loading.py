@@ -3,6 +3,8 @@
 Since torch 2.6, ``torch.load`` refuses to unpickle anything but tensors and plain containers
 unless the type is allow-listed. fairseq's loaders do not pass ``weights_only``, so a checkpoint
 holding, say, a numpy scalar from ``--eval-bleu`` meters fails to load in ``fairseq-generate``.
+This module imports nothing of the plugin, so that low-level readers (``files.checkpoints``)
+can use it.
 
 Rather than switching safe loading off (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``), this module
 allow-lists exactly the types fairseq's own checkpoints contain. The plugin's ``__init__`` calls
@@ -59,8 +61,13 @@ def fairseq_checkpoint_globals() -> List[object]:
     ]
 
 
+_ALLOWED: List[bool] = []
+
+
 def allow_fairseq_checkpoint_globals() -> None:
-    """Allow-list :func:`fairseq_checkpoint_globals` for ``torch.load(weights_only=True)``."""
+    """Allow-list :func:`fairseq_checkpoint_globals` for ``torch.load(weights_only=True)``, once
+    per process (the plugin's registration and the checkpoint reader of ``files`` both ask)."""
     add_safe_globals = getattr(torch.serialization, "add_safe_globals", None)
-    if add_safe_globals is not None:  # torch < 2.4 loads without weights_only by default
+    if add_safe_globals is not None and not _ALLOWED:  # torch < 2.4: no weights_only default
         add_safe_globals(fairseq_checkpoint_globals())
+        _ALLOWED.append(True)

@@ -1,7 +1,7 @@
 """A training run's save directory: one writer, final means final, intact resumes, no orphans.
 
 fairseq-train keeps a run's whole state in its ``--save-dir``; a rerun of the same command
-resumes from ``checkpoint_last.pt``. :func:`install_training_run_guards` (run when the plugin is
+resumes from ``checkpoint_last.pt``. :mod:`user_plugin.fairseq_patches` (when the plugin is
 imported) wraps four of fairseq's ``checkpoint_utils`` functions, which ``fairseq_cli.train``
 and the trainer look up there at call time, so that:
 
@@ -320,24 +320,3 @@ def _verifying_load_checkpoint_to_cpu(load_checkpoint_to_cpu):
             raise load_error(local, error, upgrade=True) from None
 
     return load_to_cpu
-
-
-def install_training_run_guards() -> None:
-    """Wrap fairseq's ``checkpoint_utils.verify_checkpoint_directory``, ``load_checkpoint``,
-    ``torch_persistent_save`` and ``load_checkpoint_to_cpu`` (see the module docstring), and
-    report the plugin's one-line errors without a traceback. Idempotent."""
-    from fairseq import checkpoint_utils
-
-    from .files.errors import install_one_line_errors
-
-    if getattr(checkpoint_utils, "vaswani_training_run_guards", False):
-        return
-    checkpoint_utils.verify_checkpoint_directory = _locking_verify_checkpoint_directory(
-        checkpoint_utils.verify_checkpoint_directory)
-    checkpoint_utils.load_checkpoint = _guarded_load_checkpoint(checkpoint_utils.load_checkpoint)
-    checkpoint_utils.torch_persistent_save = _one_line_torch_persistent_save(
-        checkpoint_utils.torch_persistent_save)
-    checkpoint_utils.load_checkpoint_to_cpu = _verifying_load_checkpoint_to_cpu(
-        checkpoint_utils.load_checkpoint_to_cpu)
-    checkpoint_utils.vaswani_training_run_guards = True
-    install_one_line_errors()

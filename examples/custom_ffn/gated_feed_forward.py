@@ -10,15 +10,15 @@ extra weights (``fc_gate``). With an inner size of 2/3 d_ff the block has the pa
 paper's one.
 """
 
-from collections.abc import Callable
-
 import torch.nn.functional as F
-from fairseq import utils
 from torch import Tensor, nn
 
+from user_plugin.modules.feed_forward import PositionWiseFeedForward
 
-class GatedFeedForward(nn.Module):
-    """``(act(x W1 + b1) * (x V + c)) W2 + b2`` at every position alike."""
+
+class GatedFeedForward(PositionWiseFeedForward):
+    """``(act(x W1 + b1) * (x V + c)) W2 + b2`` at every position alike: the paper's block
+    (``fc1``, ``fc2``, the activation and its dropout) with a gate ``fc_gate``."""
 
     def __init__(
         self,
@@ -27,12 +27,8 @@ class GatedFeedForward(nn.Module):
         activation_fn: str = "gelu",
         activation_dropout: float = 0.0,
     ) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(embed_dim, ffn_dim)
+        super().__init__(embed_dim, ffn_dim, activation_fn, activation_dropout)
         self.fc_gate = nn.Linear(embed_dim, ffn_dim)
-        self.fc2 = nn.Linear(ffn_dim, embed_dim)
-        self.activation: Callable[[Tensor], Tensor] = utils.get_activation_fn(activation_fn)
-        self.activation_dropout = activation_dropout
         for layer in (self.fc1, self.fc_gate, self.fc2):
             nn.init.xavier_uniform_(layer.weight)
             nn.init.zeros_(layer.bias)

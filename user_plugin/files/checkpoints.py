@@ -3,8 +3,8 @@ the file.
 
 A checkpoint is first checked without unpickling it (:func:`checkpoint_file_problem`: empty,
 truncated, foreign format, and :func:`checkpoint_integrity_problem`: every record's CRC-32),
-then loaded to the CPU under torch's ``weights_only`` safe loading (the plugin's
-``registration``, imported before any load, allow-lists the types fairseq checkpoints hold).
+then loaded to the CPU under torch's ``weights_only`` safe loading, with the types fairseq
+checkpoints hold allow-listed (:mod:`user_plugin.safe_loading`).
 Whatever goes wrong becomes a :class:`CheckpointError` naming the file.
 
 Integrity: ``torch.save`` writes a zip archive (since torch 1.6) in which every record (the
@@ -155,7 +155,9 @@ def read_checkpoint(path: str | os.PathLike, upgrade: bool = False, mmap: bool =
         raise file_error(path, error, expected="a checkpoint file") from None
     if problem is not None:
         raise CheckpointError(path, problem, unreadable=True)
-    from .. import registration  # noqa: F401  (the types fairseq checkpoints hold, allowed)
+    from ..safe_loading import allow_fairseq_checkpoint_globals
+
+    allow_fairseq_checkpoint_globals()  # the types fairseq checkpoints hold
 
     try:
         if upgrade:

@@ -68,14 +68,11 @@ def file_error(path: str | os.PathLike, error: OSError | UnicodeDecodeError, wri
     return UserError(f"{path}: cannot {action} ({_os_reason(error)})")
 
 
-def install_one_line_errors() -> None:
-    """Report a :class:`UserError` that nothing caught as ``prog: error: ...`` (one line,
-    exit status 1) instead of a traceback, in any command that imported the plugin (fairseq's
-    ``fairseq-train``, ``fairseq-generate``...). Other exceptions keep the current hook.
-    Idempotent."""
-    previous = sys.excepthook
-    if getattr(previous, "one_line_user_errors", False):
-        return
+def one_line_excepthook(previous: Callable) -> Callable:
+    """``sys.excepthook`` that reports a :class:`UserError` nothing caught as
+    ``prog: error: ...`` (one line, exit status 1) instead of a traceback; other exceptions go
+    to ``previous``. The plugin installs it (:mod:`user_plugin.fairseq_patches`) in every command
+    that loads it (fairseq's ``fairseq-train``, ``fairseq-generate``...)."""
 
     def hook(kind, error, traceback) -> None:
         if isinstance(error, UserError):
@@ -85,7 +82,14 @@ def install_one_line_errors() -> None:
             previous(kind, error, traceback)
 
     hook.one_line_user_errors = True  # type: ignore[attr-defined]
-    sys.excepthook = hook
+    return hook
+
+
+def install_one_line_errors() -> None:
+    """Install :func:`one_line_excepthook` in this process (for a program of ours that does not
+    load the plugin). Idempotent."""
+    if not getattr(sys.excepthook, "one_line_user_errors", False):
+        sys.excepthook = one_line_excepthook(sys.excepthook)
 
 
 def int_at_least(minimum: int) -> Callable[[str], int]:

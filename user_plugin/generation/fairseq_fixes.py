@@ -29,28 +29,27 @@ fairseq did not fail.
 * **``--no-repeat-ngram-size`` did nothing on a CPU**: without the CUDA extension,
   ``NGramRepeatBlock`` compares each hypothesis' n-grams with the last ``n - 1`` entries of the
   whole token buffer, which are padding until the last step, so nothing was ever blocked. It
-  now reads the tokens produced so far (:func:`block_repeated_ngrams`).
+  now reads the tokens produced so far (:func:`blocking_repeated_ngrams_so_far`).
 
-:func:`install_fairseq_decoding_fixes` replaces ``DiverseBeamSearch`` and
+:mod:`user_plugin.fairseq_patches` installs them: ``DiverseBeamSearch`` and
 ``LexicallyConstrainedBeamSearch`` in ``fairseq.search`` (where ``FairseqTask.build_generator``
-looks them up), ``SequenceGeneratorWithAlignment.generate``, and ``load_align_dict`` and
+looks them up), ``SequenceGeneratorWithAlignment.generate``, ``load_align_dict`` and
 ``replace_unk`` in ``fairseq.utils`` (looked up there by ``fairseq-generate``,
 ``fairseq-interactive`` and ``post_process_prediction``), and the CPU path of
-``NGramRepeatBlock``. Idempotent.
+``NGramRepeatBlock``.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
 import torch
-from fairseq import search, sequence_generator, tokenizer, utils
-from fairseq.ngram_repeat_block import NGramRepeatBlock
+from fairseq import search, tokenizer
 from torch import Tensor
 
 from .alignment import add_alignments
-from .constrained_search import ConstrainedBeamSearch
 
 #: The value fairseq's ``--replace-unk`` takes when given without a file name.
 REPLACE_UNK_FLAG_CONSTANT = "@@ "
@@ -76,11 +75,16 @@ class DiverseBeamSearchByRow(search.DiverseBeamSearch):
         return ids[:, None].eq(self.first_ids[None, :].to(ids.device)).int().argmax(dim=1)
 
 
-def load_align_dict(replace_unk: Optional[str]) -> Optional[dict]:
+def loading_no_align_dict_for_the_flag(load_align_dict):
     """fairseq's ``load_align_dict``, where the bare flag's constant means no dictionary."""
-    if replace_unk == REPLACE_UNK_FLAG_CONSTANT:
-        return {}
-    return _FAIRSEQ["load_align_dict"](replace_unk)
+
+    @functools.wraps(load_align_dict)
+    def load(replace_unk: Optional[str]) -> Optional[dict]:
+        if replace_unk == REPLACE_UNK_FLAG_CONSTANT:
+            return {}
+        return load_align_dict(replace_unk)
+
+    return load
 
 
 def source_positions(alignment) -> dict:
@@ -130,31 +134,13 @@ def generate_with_alignments(self, models, sample, **kwargs):
     return add_alignments(self, sample, self._generate(sample, **kwargs))
 
 
-def block_repeated_ngrams(self, tokens: Tensor, lprobs: Tensor, bsz: int, beam_size: int,
-                          step: int) -> Tensor:
-    """``NGramRepeatBlock``'s CPU path on the tokens produced so far (BOS and ``step``
-    tokens) instead of the whole, mostly padded, buffer."""
-    return _FAIRSEQ["no_repeat_ngram"](self, tokens[:, : step + 1], lprobs, bsz, beam_size,
-                                       step)
+def blocking_repeated_ngrams_so_far(no_repeat_ngram):
+    """``NGramRepeatBlock``'s CPU path (``no_repeat_ngram``) on the tokens produced so far (BOS
+    and ``step`` tokens) instead of the whole, mostly padded, buffer."""
 
+    @functools.wraps(no_repeat_ngram)
+    def block_repeated_ngrams(self, tokens: Tensor, lprobs: Tensor, bsz: int, beam_size: int,
+                              step: int) -> Tensor:
+        return no_repeat_ngram(self, tokens[:, : step + 1], lprobs, bsz, beam_size, step)
 
-_FAIRSEQ: dict = {}
-
-
-def install_fairseq_decoding_fixes() -> None:
-    """Install the fixes above in fairseq's ``search`` and ``utils`` modules (once)."""
-    if search.DiverseBeamSearch is not DiverseBeamSearchByRow:
-        search.DiverseBeamSearch = DiverseBeamSearchByRow
-    if search.LexicallyConstrainedBeamSearch is not ConstrainedBeamSearch:
-        search.LexicallyConstrainedBeamSearch = ConstrainedBeamSearch
-    aligning = sequence_generator.SequenceGeneratorWithAlignment
-    if aligning.generate is not generate_with_alignments:
-        aligning.generate = generate_with_alignments
-    if utils.load_align_dict is not load_align_dict:
-        _FAIRSEQ["load_align_dict"] = utils.load_align_dict
-        utils.load_align_dict = load_align_dict
-    if utils.replace_unk is not replace_unk:
-        utils.replace_unk = replace_unk
-    if NGramRepeatBlock._no_repeat_ngram is not block_repeated_ngrams:
-        _FAIRSEQ["no_repeat_ngram"] = NGramRepeatBlock._no_repeat_ngram
-        NGramRepeatBlock._no_repeat_ngram = block_repeated_ngrams
+    return block_repeated_ngrams

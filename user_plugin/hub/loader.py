@@ -11,6 +11,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from .. import registration  # noqa: F401  (the models, task and criterion checkpoints name)
 from ..files.checkpoints import LOAD_ERRORS, CheckpointError, read_checkpoint, state_dict_mismatch
 from ..files.errors import UserError, first_line
 from ..tasks.vaswani_translation import TASK_NAME

@@ -36,18 +36,20 @@ from ..modules.attention import IncrementalState
 from ..modules.beam_state import BeamLayout, BeamState
 from ..modules.positional_encoding import check_length, token_positions
 from ..modules.scaled_dot_product import causal_mask, key_padding_to_attn_mask
-from .stack import TransformerStack, default_blocks
+from .blocks import TransformerBlocks
+from .stack import TransformerStack
 from .transformer_config import StackConfig
 
 
 class VaswaniDecoder(TransformerStack, FairseqIncrementalDecoder):
-    """The decoder; ``blocks`` builds its layers (``build_decoder_layer``): the model class, by
-    default :class:`~.vaswani_transformer.VaswaniTransformerModel`."""
+    """The decoder; ``blocks`` builds its layers (``build_decoder_layer``): the model's
+    :class:`~.blocks.TransformerBlocks`, the paper's by default."""
 
-    def __init__(self, cfg, dictionary, embed_tokens: nn.Embedding, blocks=None) -> None:
+    def __init__(self, cfg, dictionary, embed_tokens: nn.Embedding,
+                 blocks: Optional[TransformerBlocks] = None) -> None:
         FairseqIncrementalDecoder.__init__(self, dictionary)
         self.cfg = cfg
-        blocks = blocks or default_blocks()
+        blocks = blocks or TransformerBlocks()
         stack = StackConfig.of(cfg, "decoder")
         self.build_stack(stack, embed_tokens, blocks, blocks.build_decoder_layer)
         width = stack.features_dim

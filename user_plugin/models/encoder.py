@@ -18,20 +18,22 @@ from torch import Tensor, nn
 from ..modules.beam_state import BeamLayout
 from ..modules.positional_encoding import check_length, token_positions
 from ..modules.scaled_dot_product import key_padding_to_attn_mask
-from .stack import TransformerStack, default_blocks
+from .blocks import TransformerBlocks
+from .stack import TransformerStack
 from .transformer_config import StackConfig
 
 EncoderOut = Dict[str, List]
 
 
 class VaswaniEncoder(TransformerStack, FairseqEncoder):
-    """The encoder; ``blocks`` builds its layers (``build_encoder_layer``): the model class, by
-    default :class:`~.vaswani_transformer.VaswaniTransformerModel`."""
+    """The encoder; ``blocks`` builds its layers (``build_encoder_layer``): the model's
+    :class:`~.blocks.TransformerBlocks`, the paper's by default."""
 
-    def __init__(self, cfg, dictionary, embed_tokens: nn.Embedding, blocks=None) -> None:
+    def __init__(self, cfg, dictionary, embed_tokens: nn.Embedding,
+                 blocks: Optional[TransformerBlocks] = None) -> None:
         FairseqEncoder.__init__(self, dictionary)
         self.cfg = cfg
-        blocks = blocks or default_blocks()
+        blocks = blocks or TransformerBlocks()
         self.build_stack(StackConfig.of(cfg, "encoder"), embed_tokens, blocks,
                          blocks.build_encoder_layer)
 

@@ -27,14 +27,6 @@ from ..modules.quant_noise import add_quant_noise
 from .transformer_config import StackConfig
 
 
-def default_blocks():
-    """The paper's blocks: the factories of ``VaswaniTransformerModel`` (imported late, since
-    the model module imports the stacks)."""
-    from .vaswani_transformer import VaswaniTransformerModel
-
-    return VaswaniTransformerModel
-
-
 class TransformerStack:
     """Embedding, N layers and the final LayerNorm of one stack (a mixin of the fairseq
     encoder / decoder classes; parameter names are ``embed_tokens``, ``embed_positions``,
@@ -52,8 +44,8 @@ class TransformerStack:
     ) -> None:
         """Create the stack's modules (call from ``__init__`` after the fairseq base class's).
 
-        ``blocks`` builds the positional encoding (``build_positional_encoding(stack)``);
-        ``build_layer(stack)`` one layer.
+        ``blocks`` (a :class:`~.blocks.TransformerBlocks`) builds the positional encoding
+        (``build_positional_encoding(stack)``); ``build_layer(stack)`` one layer.
         """
         self.stack = stack
         self.padding_idx = embed_tokens.padding_idx

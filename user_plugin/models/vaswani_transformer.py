@@ -4,15 +4,11 @@ An encoder (:mod:`.encoder`) and an incremental decoder (:mod:`.decoder`) on fai
 classes, so fairseq's trainer, checkpointing, distributed training, reduced-precision optimizers
 and ``SequenceGenerator`` drive it unchanged.
 
-Every part is made by one ``build_*`` class method of the model, in one place below. To swap a
-block, subclass the model, override that one factory and register the subclass with an
-architecture (docs/extending.md, ``examples/custom_ffn``)::
-
-    @register_model("my_transformer", dataclass=VaswaniTransformerConfig)
-    class MyTransformer(VaswaniTransformerModel):
-        @classmethod
-        def build_feed_forward(cls, stack):
-            return MyFeedForward(stack.embed_dim, stack.ffn_embed_dim)
+The model builds its two stacks (``build_encoder``, ``build_decoder``); every part inside
+them is made by one method of the model's ``blocks``, a :class:`~.blocks.TransformerBlocks`
+handed down to the stacks and layers. To swap a block,
+override that one method in a subclass of the blocks, and name it as the ``blocks`` of a model
+registered with an architecture (docs/extending.md, ``examples/custom_ffn``).
 
 Decoding options that concern the model itself (docs/decoding.md) are applied by
 :meth:`VaswaniTransformerModel.prepare_for_inference_`, which ``fairseq-generate``,
@@ -24,7 +20,7 @@ and ``--retain-dropout`` keeps dropout active.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from fairseq import utils
 from fairseq.models import FairseqEncoderDecoderModel, register_model
@@ -32,25 +28,18 @@ from torch import Tensor, nn
 
 from ..generation.alignment import alignment_requested, check_replace_unk
 from ..generation.decoding_options import DecodingOptionError
-from ..modules.attention import MultiHeadAttention
-from ..modules.cross_self_attention import CrossSelfAttention
-from ..modules.decoder_layer import DecoderLayer
-from ..modules.encoder_layer import EncoderLayer
-from ..modules.feed_forward import PositionWiseFeedForward
-from ..modules.positional_encoding import build_positional_encoding
+from .blocks import TransformerBlocks
 from .decoder import VaswaniDecoder
 from .encoder import VaswaniEncoder
 from .layer_pruning import keep_whole_or_pruned_sides, prune_to_kept_layers
-from .transformer_config import (
-    StackConfig,
-    VaswaniTransformerConfig,
-    complete_config,
-    validate_config,
-)
+from .transformer_config import VaswaniTransformerConfig, complete_config, validate_config
 
 
 @register_model("vaswani_transformer", dataclass=VaswaniTransformerConfig)
 class VaswaniTransformerModel(FairseqEncoderDecoderModel):
+    #: what builds every part of the model (§3); an extension names its own
+    blocks: TransformerBlocks = TransformerBlocks()
+
     def __init__(self, cfg, encoder: VaswaniEncoder, decoder: VaswaniDecoder) -> None:
         super().__init__(encoder, decoder)
         self.cfg = cfg
@@ -73,20 +62,29 @@ class VaswaniTransformerModel(FairseqEncoderDecoderModel):
                     "--share-all-embeddings needs a joined dictionary "
                     "(fairseq-preprocess --joined-dictionary)"
                 )
-            encoder_embed = cls.build_embedding(src_dict, cfg.encoder_embed_dim)
-            load_pretrained_embedding(encoder_embed, src_dict, cfg.encoder_embed_path,
-                                      "--encoder-embed-path")
+        blocks = cls.blocks
+        encoder_embed = blocks.build_embedding(src_dict, cfg.encoder_embed_dim)
+        load_pretrained_embedding(encoder_embed, src_dict, cfg.encoder_embed_path,
+                                  "--encoder-embed-path")
+        if cfg.share_all_embeddings:
             decoder_embed = encoder_embed
         else:
-            encoder_embed = cls.build_embedding(src_dict, cfg.encoder_embed_dim)
-            load_pretrained_embedding(encoder_embed, src_dict, cfg.encoder_embed_path,
-                                      "--encoder-embed-path")
-            decoder_embed = cls.build_embedding(tgt_dict, cfg.decoder_embed_dim)
+            decoder_embed = blocks.build_embedding(tgt_dict, cfg.decoder_embed_dim)
             load_pretrained_embedding(decoder_embed, tgt_dict, cfg.decoder_embed_path,
                                       "--decoder-embed-path")
         encoder = cls.build_encoder(cfg, src_dict, encoder_embed)
         decoder = cls.build_decoder(cfg, tgt_dict, decoder_embed)
         return cls(cfg, encoder, decoder)
+
+    @classmethod
+    def build_encoder(cls, cfg, dictionary, embed_tokens: nn.Embedding) -> VaswaniEncoder:
+        """The encoder stack (§3.1), whose layers come from the model's ``blocks``."""
+        return VaswaniEncoder(cfg, dictionary, embed_tokens, blocks=cls.blocks)
+
+    @classmethod
+    def build_decoder(cls, cfg, dictionary, embed_tokens: nn.Embedding) -> VaswaniDecoder:
+        """The decoder stack (§3.1), whose layers come from the model's ``blocks``."""
+        return VaswaniDecoder(cfg, dictionary, embed_tokens, blocks=cls.blocks)
 
     def load_state_dict(self, state_dict, strict: bool = True, model_cfg=None, args=None):
         """Load ``state_dict``, pruning it to ``--{encoder,decoder}-layers-to-keep`` first
@@ -101,70 +99,6 @@ class VaswaniTransformerModel(FairseqEncoderDecoderModel):
             keep_whole_or_pruned_sides(state_dict, model_cfg)
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg,
                                         args=args)
-
-    # -- the stacks (§3.1) ----------------------------------------------------------------
-
-    @classmethod
-    def build_encoder(cls, cfg, dictionary, embed_tokens: nn.Embedding) -> VaswaniEncoder:
-        return VaswaniEncoder(cfg, dictionary, embed_tokens, blocks=cls)
-
-    @classmethod
-    def build_decoder(cls, cfg, dictionary, embed_tokens: nn.Embedding) -> VaswaniDecoder:
-        return VaswaniDecoder(cfg, dictionary, embed_tokens, blocks=cls)
-
-    @classmethod
-    def build_encoder_layer(cls, stack: StackConfig) -> nn.Module:
-        """One encoder layer (§3.1): self-attention and feed-forward."""
-        return EncoderLayer(stack, blocks=cls)
-
-    @classmethod
-    def build_decoder_layer(cls, stack: StackConfig) -> nn.Module:
-        """One decoder layer (§3.1): masked self-attention, encoder-decoder attention and
-        feed-forward."""
-        return DecoderLayer(stack, blocks=cls)
-
-    # -- the blocks (§3.2-§3.5); ``stack.side`` says which stack asks -------------------------
-
-    @classmethod
-    def build_embedding(cls, dictionary, embed_dim: int) -> nn.Embedding:
-        """Learned token embeddings (§3.4), N(0, d^-1/2) with a zero padding row."""
-        embedding = nn.Embedding(len(dictionary), embed_dim, padding_idx=dictionary.pad())
-        nn.init.normal_(embedding.weight, mean=0.0, std=embed_dim**-0.5)
-        nn.init.zeros_(embedding.weight[dictionary.pad()])
-        return embedding
-
-    @classmethod
-    def build_positional_encoding(cls, stack: StackConfig) -> nn.Module:
-        """Sinusoids (§3.5) or learned positions (Table 3 row E)."""
-        return build_positional_encoding(stack.embed_dim, stack.max_positions, stack.learned_pos)
-
-    @classmethod
-    def build_self_attention(cls, stack: StackConfig) -> nn.Module:
-        """Multi-head self-attention (§3.2.2); masked in the decoder (§3.2.3)."""
-        return MultiHeadAttention(**attention_sizes(stack))
-
-    @classmethod
-    def build_encoder_attention(cls, stack: StackConfig) -> nn.Module:
-        """The decoder's encoder-decoder attention (§3.2.3)."""
-        return MultiHeadAttention(
-            **attention_sizes(stack), encoder_decoder=True, kv_dim=stack.cfg.encoder_embed_dim
-        )
-
-    @classmethod
-    def build_cross_self_attention(cls, stack: StackConfig) -> nn.Module:
-        """The decoder's self-attention over the encoder output and its own prefix together,
-        replacing masked self-attention under ``--cross-self-attention`` (Peitz et al. 2019)."""
-        return CrossSelfAttention(**attention_sizes(stack))
-
-    @classmethod
-    def build_feed_forward(cls, stack: StackConfig) -> nn.Module:
-        """The position-wise feed-forward network (§3.3)."""
-        return PositionWiseFeedForward(
-            stack.embed_dim,
-            stack.ffn_embed_dim,
-            activation_fn=stack.activation_fn,
-            activation_dropout=stack.activation_dropout,
-        )
 
     def forward(
         self,
@@ -266,15 +200,3 @@ def load_pretrained_embedding(
                 f"vectors (word {word!r}), the embeddings are {width}-dimensional"
             )
     utils.load_embedding(vectors, dictionary, embedding)
-
-
-def attention_sizes(stack: StackConfig) -> Dict[str, Any]:
-    """The arguments every attention of ``stack`` is built with: d_model, h, d_k, d_v (§3.2.2)
-    and the dropout on attention probabilities."""
-    return dict(
-        embed_dim=stack.embed_dim,
-        num_heads=stack.attention_heads,
-        key_dim=stack.key_dim,
-        value_dim=stack.value_dim,
-        dropout=stack.attention_dropout,
-    )

@@ -26,7 +26,7 @@ class DecoderLayer(nn.Module):
         stack: the decoder's options (:class:`~user_plugin.models.transformer_config.StackConfig`).
         blocks: what builds the sub-layers (``build_self_attention``, ``build_encoder_attention``,
             ``build_feed_forward``, ``build_cross_self_attention``, each taking ``stack``): the
-            model class.
+            model's ``TransformerBlocks``.
     """
 
     def __init__(self, stack, blocks) -> None:

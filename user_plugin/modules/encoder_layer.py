@@ -16,8 +16,8 @@ class EncoderLayer(nn.Module):
     Args:
         stack: the encoder's options (:class:`~user_plugin.models.transformer_config.StackConfig`).
         blocks: what builds the sub-layers (``build_self_attention(stack)``,
-            ``build_feed_forward(stack)``): the model class, whose factories an extension
-            overrides to swap a block.
+            ``build_feed_forward(stack)``): the model's ``TransformerBlocks``, whose methods
+            an extension overrides to swap a block.
     """
 
     def __init__(self, stack, blocks) -> None:

@@ -1,5 +1,3 @@
-"""Tasks of the plugin. fairseq imports every module here when it loads ``--user-dir``; this
-package's import registers the whole plugin (:mod:`user_plugin.registration`)."""
-
-from .. import registration  # noqa: F401  (the criterion, scheduler, models, safe loading)
-from .vaswani_translation import VaswaniTranslationTask  # noqa: F401  (registers the task)
+"""Tasks of the plugin. fairseq imports every module here when it loads ``--user-dir``: the task
+itself (:mod:`.vaswani_translation`), and :mod:`.load_plugin`, which registers the whole plugin
+(:mod:`user_plugin.registration`)."""

@@ -1,8 +1,9 @@
 """Model ``gated_ffn_transformer``: vaswani's Transformer with a gated feed-forward block.
 
 Only the feed-forward sub-layer changes (§3.3); attention, residual wrapping, embeddings and
-decoding are vaswani's. The whole change is one factory override of vaswani's model
-(``build_feed_forward``), one option (``--ffn-gate-activation``) and one architecture.
+decoding are vaswani's. The whole change is one subclass of vaswani's blocks that overrides one
+method (``build_feed_forward``), named by a model; one option (``--ffn-gate-activation``); and
+one architecture.
 
 (No ``from __future__ import annotations`` here: fairseq builds its argument parser from the
 config's real field types.)
@@ -16,6 +17,7 @@ from fairseq.models import register_model, register_model_architecture
 from torch import nn
 
 from user_plugin.models.architectures import set_default, set_dims
+from user_plugin.models.blocks import TransformerBlocks
 from user_plugin.models.transformer_config import StackConfig, VaswaniTransformerConfig
 from user_plugin.models.vaswani_transformer import VaswaniTransformerModel
 
@@ -33,18 +35,23 @@ class GatedFFNTransformerConfig(VaswaniTransformerConfig):
     )
 
 
-@register_model("gated_ffn_transformer", dataclass=GatedFFNTransformerConfig)
-class GatedFFNTransformerModel(VaswaniTransformerModel):
-    """The Transformer (Figure 1) with gated feed-forward blocks in both stacks."""
+class GatedFFNBlocks(TransformerBlocks):
+    """vaswani's blocks with gated feed-forward networks in both stacks."""
 
-    @classmethod
-    def build_feed_forward(cls, stack: StackConfig) -> nn.Module:
+    def build_feed_forward(self, stack: StackConfig) -> nn.Module:
         return GatedFeedForward(
             stack.embed_dim,
             stack.ffn_embed_dim,
             activation_fn=str(stack.cfg.ffn_gate_activation),
             activation_dropout=stack.activation_dropout,
         )
+
+
+@register_model("gated_ffn_transformer", dataclass=GatedFFNTransformerConfig)
+class GatedFFNTransformerModel(VaswaniTransformerModel):
+    """The Transformer (Figure 1) with gated feed-forward blocks in both stacks."""
+
+    blocks = GatedFFNBlocks()
 
 
 @register_model_architecture("gated_ffn_transformer", "gated_ffn_base")

@@ -1,0 +1,356 @@
+"""Every change the plugin makes to fairseq (and to the process) when it loads: one table.
+
+Loading ``--user-dir user_plugin`` replaces a few attributes of fairseq's modules and classes
+(and ``sys.excepthook``), in the whole process: they fix fairseq 0.12 bugs met on this stack or
+add what a training run needs (atomic checkpoint copies, verified resumes, progress lines).
+Each row of :data:`PATCHES` names one patch: the attributes it replaces, what it fixes or adds
+with the failure observed without it, and the fairseq versions it was checked against. The
+code of each replacement lives with its subject (``training_run``, ``precision``...); this
+package only installs and removes them. ``python -m user_plugin.fairseq_patches`` lists them.
+
+**Turning them off.** The environment variable ``VASWANI_FAIRSEQ_PATCHES`` (read by
+:func:`install`):
+
+* unset, empty or ``on``: every patch;
+* ``off``: none (fairseq's own functions throughout; the plugin's model, criterion, scheduler
+  and task still register);
+* ``off:NAME,NAME``: every patch but those named.
+
+An unknown name is one error line listing the known ones. :func:`uninstall` puts fairseq's
+original objects back (the very same objects: identity, not copies).
+
+**Another fairseq version.** The wrappers follow the signatures of the versions in each row's
+``checked`` column. On any other version :func:`install` logs one warning line naming the
+patches not checked against it, then **applies them**: they pass every argument through and
+the plugin's own guarantees (atomic, verified checkpoints; one-line errors) depend on them. A
+patch whose target attribute no longer exists is skipped and named in that line.
+``VASWANI_FAIRSEQ_PATCHES=off`` is the way out when one misbehaves.
+
+Not in the table, because nothing is replaced: the types of fairseq checkpoints are
+allow-listed for torch's safe loading (:mod:`user_plugin.safe_loading`), and the plugin's
+registrations go into fairseq's registries.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+logger = logging.getLogger(__name__)
+
+ENV_VAR = "VASWANI_FAIRSEQ_PATCHES"
+
+#: The fairseq versions every patch below was checked against (``fairseq.__version__``; the
+#: ``fairseq-fixed`` 0.12.3.1 distribution reports 0.12.3.1).
+FAIRSEQ_0_12 = ("0.12.3.1",)
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """One attribute a patch replaces.
+
+    ``target`` is ``"module:attribute.path"`` (``"fairseq.trainer:Trainer.train_step"``).
+    ``new`` is ``"module:name"`` of the replacement; with ``wraps`` it is called with fairseq's
+    original and returns the replacement, otherwise it is the replacement itself.
+    """
+
+    target: str
+    new: str
+    wraps: bool = True
+
+    @property
+    def dotted(self) -> str:
+        """The target as ``module.attribute`` (``fairseq.trainer.Trainer.train_step``)."""
+        return self.target.replace(":", ".")
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One row of the table: a name, what it replaces, what it fixes or adds (with the failure
+    observed without it), and the fairseq versions it was checked against."""
+
+    name: str
+    replaces: Tuple[Replacement, ...]
+    fixes: str
+    checked: Tuple[str, ...] = FAIRSEQ_0_12
+
+
+def _one(target: str, new: str, wraps: bool = True) -> Tuple[Replacement, ...]:
+    return (Replacement(target, new, wraps),)
+
+
+_CHECKPOINTS = "fairseq.checkpoint_utils"
+_RUN = "user_plugin.training_run"
+_DECODING = "user_plugin.generation.fairseq_fixes"
+_PRECISION = "user_plugin.precision"
+
+PATCHES: Tuple[Patch, ...] = (
+    Patch(
+        "atomic_checkpoint_copy",
+        _one(f"{_CHECKPOINTS}:PathManager",
+             "user_plugin.atomic_checkpoint_copy:atomic_copy_path_manager"),
+        "checkpoint_last.pt / checkpoint_best.pt are copied atomically; fairseq's plain copy "
+        "killed mid-way left a truncated checkpoint_last.pt that the next run failed to resume "
+        "from (docs/faults.md)",
+    ),
+    Patch(
+        "save_dir_lock",
+        _one(f"{_CHECKPOINTS}:verify_checkpoint_directory",
+             f"{_RUN}:_locking_verify_checkpoint_directory"),
+        "one writer per --save-dir: a second fairseq-train on a directory a live run uses stops "
+        "with one line naming the holder, before writing anything (fairseq alone has no lock)",
+    ),
+    Patch(
+        "resume_plan",
+        _one(f"{_CHECKPOINTS}:load_checkpoint", f"{_RUN}:_guarded_load_checkpoint"),
+        "a rerun of a finished run changes nothing (fairseq alone trains update max+1 and "
+        "overwrites checkpoint_last.pt); a damaged checkpoint_last.pt resumes from the newest "
+        "intact checkpoint (fairseq alone resumes from garbage); partial files of killed saves "
+        "are removed (docs/faults.md)",
+    ),
+    Patch(
+        "one_line_checkpoint_save",
+        _one(f"{_CHECKPOINTS}:torch_persistent_save",
+             f"{_RUN}:_one_line_torch_persistent_save"),
+        "checkpoints are written atomically and a full disk is one error line (fairseq alone: "
+        "a 25-line RuntimeError from torch's zip writer, and a .tmp file left)",
+    ),
+    Patch(
+        "verified_checkpoint_load",
+        _one(f"{_CHECKPOINTS}:load_checkpoint_to_cpu",
+             f"{_RUN}:_verifying_load_checkpoint_to_cpu"),
+        "every checkpoint fairseq reads is CRC-checked first: a truncated, damaged or foreign "
+        "file is one line naming it (fairseq alone: a torch.load traceback, or a flipped bit "
+        "loaded unnoticed)",
+    ),
+    Patch(
+        "one_line_errors",
+        _one("sys:excepthook", "user_plugin.files.errors:one_line_excepthook"),
+        "the plugin's UserError reaching fairseq's entry points prints 'prog: error: ...' and "
+        "exits 1, instead of a traceback; other exceptions keep the previous hook",
+    ),
+    Patch(
+        "bf16_autocast",
+        (
+            Replacement("fairseq.distributed.utils:call_main",
+                        f"{_PRECISION}:call_main_bf16_without_tpu"),
+            Replacement("fairseq.trainer:Trainer.__init__",
+                        f"{_PRECISION}:trainer_init_bf16_autocast"),
+            Replacement("fairseq.trainer:Trainer._build_optimizer",
+                        f"{_PRECISION}:trainer_build_optimizer_fp32"),
+            Replacement("fairseq.trainer:Trainer._fp_convert_sample",
+                        f"{_PRECISION}:trainer_fp_convert_sample_bf16"),
+        ),
+        "--bf16 trains by bfloat16 autocast on CUDA and CPU; fairseq turns --tpu on with it and "
+        "died with \"'NoneType' object has no attribute 'xla_device'\" without torch_xla",
+    ),
+    Patch(
+        "fp16_overflow_on_cpu",
+        _one("fairseq.trainer:Trainer.train_step", f"{_PRECISION}:trainer_train_step_fp16_on_cpu"),
+        "--memory-efficient-fp16 --cpu survives a loss-scale overflow (fairseq's trainer calls "
+        "torch.tensor(0.0).cuda(), which fails without CUDA); torch.Tensor.cuda is replaced "
+        "only inside that CPU float16 step's with-block, which restores it",
+    ),
+    Patch(
+        "progress_report",
+        _one("fairseq.logging.progress_bar:progress_bar",
+             "user_plugin.progress:reporting_progress_bar"),
+        "adds a line with update N/max, elapsed and time left after each train_inner record "
+        "(fairseq never says how far a run is)",
+    ),
+    Patch(
+        "diverse_beam_search",
+        _one("fairseq.search:DiverseBeamSearch", f"{_DECODING}:DiverseBeamSearchByRow",
+             wraps=False),
+        "--diverse-beam-groups crashed: 'IndexError: index 32 is out of bounds for dimension 0 "
+        "with size 16' (batch rows indexed by dataset ids)",
+    ),
+    Patch(
+        "constrained_beam_search",
+        _one("fairseq.search:LexicallyConstrainedBeamSearch",
+             "user_plugin.generation.constrained_search:ConstrainedBeamSearch", wraps=False),
+        "--constraints gave beam slots to -inf hypotheses that can never finish, ahead of live "
+        "ones",
+    ),
+    Patch(
+        "alignment_of_short_beams",
+        _one("fairseq.sequence_generator:SequenceGeneratorWithAlignment.generate",
+             f"{_DECODING}:generate_with_alignments", wraps=False),
+        "--print-alignment with a sentence ending with fewer than --beam hypotheses: "
+        "'IndexError: list index out of range'",
+    ),
+    Patch(
+        "replace_unk_flag",
+        _one("fairseq.utils:load_align_dict", f"{_DECODING}:loading_no_align_dict_for_the_flag"),
+        "--replace-unk without a file opened the flag's constant: \"FileNotFoundError: '@@ '\"",
+    ),
+    Patch(
+        "replace_unk_alignments",
+        _one("fairseq.utils:replace_unk", f"{_DECODING}:replace_unk", wraps=False),
+        "--replace-unk read --print-alignment's (source, target) pairs as positions: 'TypeError: "
+        "list indices must be integers or slices, not tuple'",
+    ),
+    Patch(
+        "no_repeat_ngram_on_cpu",
+        _one("fairseq.ngram_repeat_block:NGramRepeatBlock._no_repeat_ngram",
+             f"{_DECODING}:blocking_repeated_ngrams_so_far"),
+        "--no-repeat-ngram-size blocked nothing on a CPU (it compared n-grams with the padding "
+        "at the end of the token buffer)",
+    ),
+)
+
+#: name -> patch
+BY_NAME: Dict[str, Patch] = {patch.name: patch for patch in PATCHES}
+
+
+class PatchSwitchError(ValueError):
+    """``VASWANI_FAIRSEQ_PATCHES`` names a patch that does not exist, or is malformed."""
+
+
+def disabled_by_environment(value: Optional[str] = None) -> Tuple[str, ...]:
+    """The names of the patches that ``VASWANI_FAIRSEQ_PATCHES`` (or ``value``) turns off."""
+    text = (os.environ.get(ENV_VAR, "") if value is None else value).strip()
+    if text in ("", "on"):
+        return ()
+    if text == "off":
+        return tuple(BY_NAME)
+    if not text.startswith("off:"):
+        raise PatchSwitchError(
+            f"{ENV_VAR}={text!r}: expected 'on', 'off' or 'off:NAME,NAME'")
+    names = tuple(name.strip() for name in text[len("off:"):].split(",") if name.strip())
+    unknown = [name for name in names if name not in BY_NAME]
+    if unknown:
+        raise PatchSwitchError(
+            f"{ENV_VAR}: no patch named {', '.join(unknown)}; known: {', '.join(BY_NAME)}")
+    return names
+
+
+def fairseq_version() -> str:
+    import fairseq
+
+    return str(getattr(fairseq, "__version__", "unknown"))
+
+
+def _owner_and_attribute(target: str) -> Tuple[Any, str]:
+    """The object holding ``target``'s attribute, and the attribute's name."""
+    module_name, _, path = target.partition(":")
+    owner: Any = importlib.import_module(module_name)
+    *parents, attribute = path.split(".")
+    for parent in parents:
+        owner = getattr(owner, parent)
+    return owner, attribute
+
+
+def _resolve(reference: str) -> Any:
+    module_name, _, name = reference.partition(":")
+    return getattr(importlib.import_module(module_name), name)
+
+
+def target_exists(replacement: Replacement) -> bool:
+    """Whether fairseq (this version) has the attribute ``replacement`` replaces."""
+    try:
+        owner, attribute = _owner_and_attribute(replacement.target)
+    except (ImportError, AttributeError):
+        return False
+    return hasattr(owner, attribute)
+
+
+# patch name -> (owner, attribute name, the original, whether the owner held it itself) for
+# each attribute the patch replaced
+_INSTALLED: Dict[str, List[Tuple[Any, str, Any, bool]]] = {}
+
+
+def installed() -> Tuple[str, ...]:
+    """The names of the patches installed in this process, in the table's order."""
+    return tuple(name for name in BY_NAME if name in _INSTALLED)
+
+
+def _install_patch(patch: Patch) -> None:
+    done: List[Tuple[Any, str, Any, bool]] = []
+    for replacement in patch.replaces:
+        owner, attribute = _owner_and_attribute(replacement.target)
+        # a class may inherit the attribute: then removing ours restores the inherited one
+        own = not isinstance(owner, type) or attribute in vars(owner)
+        original = vars(owner)[attribute] if isinstance(owner, type) and own \
+            else getattr(owner, attribute)
+        new = _resolve(replacement.new)
+        setattr(owner, attribute, new(original) if replacement.wraps else new)
+        done.append((owner, attribute, original, own))
+    _INSTALLED[patch.name] = done
+
+
+def install(only: Optional[Callable[[Patch], bool]] = None) -> Tuple[str, ...]:
+    """Install every patch of :data:`PATCHES` that ``VASWANI_FAIRSEQ_PATCHES`` leaves on (and
+    ``only`` accepts), once: a patch already installed is left as it is. Returns the names
+    installed by this call.
+
+    On a fairseq version outside a patch's ``checked`` versions, one warning line names those
+    patches; they are applied all the same (see the module's description), except those whose
+    target fairseq no longer has.
+    """
+    off = set(disabled_by_environment())
+    wanted = [patch for patch in PATCHES
+              if patch.name not in off and patch.name not in _INSTALLED
+              and (only is None or only(patch))]
+    if not wanted:
+        return ()
+    version = fairseq_version()
+    unchecked = [patch for patch in wanted if version not in patch.checked]
+    missing = [patch for patch in unchecked
+               if not all(target_exists(r) for r in patch.replaces)]
+    if unchecked:
+        checked = sorted({v for patch in unchecked for v in patch.checked})
+        skipped = f"; skipped, target missing: {', '.join(p.name for p in missing)}" \
+            if missing else ""
+        logger.warning(
+            "fairseq %s is not a version the plugin's fairseq patches were checked against "
+            "(%s); applying them anyway: %s%s (turn off: %s=off or off:NAME,...)",
+            version, ", ".join(checked),
+            ", ".join(p.name for p in unchecked if p not in missing), skipped, ENV_VAR,
+        )
+    done = []
+    for patch in wanted:
+        if patch in missing:
+            continue
+        _install_patch(patch)
+        done.append(patch.name)
+    return tuple(done)
+
+
+def uninstall(names: Optional[Tuple[str, ...]] = None) -> Tuple[str, ...]:
+    """Put fairseq's original objects back for the installed patches ``names`` (all by
+    default), in reverse order of installation. Returns the names removed."""
+    removed = []
+    for name in reversed(list(_INSTALLED)):
+        if names is not None and name not in names:
+            continue
+        for owner, attribute, original, own in reversed(_INSTALLED.pop(name)):
+            if own:
+                setattr(owner, attribute, original)
+            else:
+                delattr(owner, attribute)
+        removed.append(name)
+    return tuple(reversed(removed))
+
+
+def describe() -> List[Dict[str, Any]]:
+    """One record per patch: its name, targets, what it fixes, checked versions, and its state
+    in this process (``installed``), under the environment (``on``) and for this fairseq
+    (``version_checked``)."""
+    off = set(disabled_by_environment())
+    version = fairseq_version()
+    return [
+        {
+            "name": patch.name,
+            "targets": [r.dotted for r in patch.replaces],
+            "fixes": patch.fixes,
+            "checked": list(patch.checked),
+            "on": patch.name not in off,
+            "installed": patch.name in _INSTALLED,
+            "version_checked": version in patch.checked,
+        }
+        for patch in PATCHES
+    ]
