@@ -12,6 +12,20 @@ setup(
     version="0.1.0",
     description="The Transformer of 'Attention Is All You Need' as a fairseq plugin",
     packages=find_packages(include=["user_plugin", "user_plugin.*"]),
+    # The tools, as commands on PATH (user_plugin/commands/: one module per command).
+    entry_points={
+        "console_scripts": [
+            "vaswani-user-dir = user_plugin.commands.user_dir:cli_main",
+            "vaswani-options = user_plugin.commands.model_options:cli_main",
+            "vaswani-plot-training = user_plugin.commands.plot_training:cli_main",
+            "vaswani-plot-attention = user_plugin.commands.plot_attention:cli_main",
+            "vaswani-ablation-table = user_plugin.commands.ablation_table:cli_main",
+            "vaswani-prepare-trees = user_plugin.commands.prepare_trees:cli_main",
+            "vaswani-parse-eval = user_plugin.commands.parse_eval:cli_main",
+            "vaswani-export = user_plugin.export.cli:main",
+            "vaswani-translate = user_plugin.hub.cli:main",
+        ],
+    },
     python_requires=">=3.8",
     install_requires=[
         "torch>=1.13",
@@ -24,7 +38,7 @@ setup(
         # fairseq's --tensorboard-logdir writer (the recipes log to TensorBoard by default);
         # the lighter of the two fairseq can use. Viewing the logs needs `tensorboard`.
         "tensorboardX",
-        # training curves drawn by the recipes (scripts/plot_training.py)
+        # training curves drawn by the recipes (vaswani-plot-training)
         "matplotlib",
         "nltk>=3.8",  # tree reading of the parsing recipe (user_plugin/parsing)
     ],

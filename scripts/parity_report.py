@@ -13,7 +13,7 @@ decoding processes: fairseq logs its configuration, ``user_dir`` included, at th
 ``transformer`` trained by stock fairseq (no ``--user-dir``) shows ``user_dir: None``.
 
 Writes ``parity.md`` (the table, the machine and versions), ``parity.json``
-(the same figures) and ``parity_curves.png`` (scripts/plot_training.py's panels, runs
+(the same figures) and ``parity_curves.png`` (vaswani-plot-training's panels, runs
 overlaid) into ``--output-dir``, each atomically. ``recipes/parity_multi30k.sh`` runs it.
 """
 
@@ -31,11 +31,9 @@ from importlib import metadata
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
 
-from plot_training import draw  # noqa: E402
-
+from user_plugin.commands.plot_training import draw  # noqa: E402
 from user_plugin.files import UserError, atomic_write_text, file_error, run_main  # noqa: E402
 from user_plugin.training_log import read_training_log  # noqa: E402
 

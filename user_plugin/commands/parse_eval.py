@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """EVALB-compatible bracket scoring of parse trees (COLLINS.prm conventions, paper §6.3).
 
-    python scripts/parse_eval.py --gold GOLD --pred PRED [--summary-only] [--json-out F]
+    vaswani-parse-eval --gold GOLD --pred PRED [--summary-only] [--json-out F]
 
 GOLD and PRED hold one bracketed tree per line, line i of PRED being the parse of line i of
 GOLD. The output is EVALB's: a table with one row per sentence (recall, precision, matched,
@@ -35,7 +34,6 @@ from pathlib import Path
 # The parsing modules live in the plugin package, whose import brings fairseq, which sets up
 # INFO logging on import: keep stderr to warnings and errors.
 logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from nltk import Tree  # noqa: E402
 
@@ -85,7 +83,7 @@ def compared_spans(gold: Sequence[Tree], lines: Sequence[str], path: Path,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="parse_eval.py", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--gold", type=Path, required=True, help="gold trees, one per line")
     parser.add_argument("--pred", type=Path, required=True, help="parsed trees, one per line")
     parser.add_argument("--cutoff-len", type=int, default=COLLINS.cutoff_length,
@@ -133,5 +131,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+PROG = "vaswani-parse-eval"
+
+
+def cli_main() -> int:
+    """The console script: :func:`main`, bad input as one error line and status 1."""
+    return run_main(main, None, PROG)
+
+
 if __name__ == "__main__":
-    sys.exit(run_main(main, None, "parse_eval.py"))
+    sys.exit(cli_main())

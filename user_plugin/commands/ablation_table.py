@@ -1,16 +1,15 @@
-#!/usr/bin/env python3
 """Collect the results of ``recipes/ablation.sh`` into a table like the paper's
 Table 3 (§6.2, "Model Variations": newstest2013 dev set, no checkpoint averaging).
 
 Subcommands::
 
-    ablation_table.py list
+    vaswani-ablation-table list
         the Table 3 architectures, one per line, in the table's order
-    ablation_table.py info ARCH [ARCH ...]
+    vaswani-ablation-table info ARCH [ARCH ...]
         "ARCH LABEL_SMOOTHING TRAIN_STEPS" per architecture: the criterion's ε_ls and the
         number of updates its row was trained for; any registered architecture that is not a
         Table 3 row gets the base model's (0.1, 100000); an unknown name is an error
-    ablation_table.py collect --results-dir DIR --output TABLE.md [--json RESULTS.json]
+    vaswani-ablation-table collect --results-dir DIR --output TABLE.md [--json RESULTS.json]
                               [--variants V ...] [--checkpoint checkpoint_last.pt]
                               [--subset valid]
         one table row per variant directory ``DIR/<variant>/`` holding what ablation.sh wrote:
@@ -35,9 +34,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-# ``import user_plugin`` from any directory; logging set up before fairseq is imported (see
-# user_plugin.files).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# Logging set up before fairseq is imported (see user_plugin.files).
 logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
 
 from user_plugin.files import (  # noqa: E402
@@ -248,12 +245,12 @@ def arch_info(arch: str) -> str:
         return f"{arch} {row.label_smoothing:g} {row.train_steps}"
     if arch in ARCH_MODEL_REGISTRY:
         return f"{arch} {BASE_LABEL_SMOOTHING:g} {BASE_TRAIN_STEPS}"
-    raise UserError(f"unknown architecture {arch!r} (the Table 3 ones: ablation_table.py list)")
+    raise UserError(f"unknown architecture {arch!r} (the Table 3 ones: {PROG} list)")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="ablation_table.py", description=__doc__.split("\n\n")[0],
+        prog=PROG, description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True)
@@ -306,9 +303,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json is not None:
         atomic_write_text(args.json, json.dumps([asdict(r) for r in results], indent=2) + "\n")
     atomic_write_text(args.output, table_document(results, args.subset, args.checkpoint))
-    print(f"ablation_table.py: wrote {len(results)} rows to {args.output}")
+    print(f"{PROG}: wrote {len(results)} rows to {args.output}")
     return 0
 
 
+PROG = "vaswani-ablation-table"
+
+
+def cli_main() -> int:
+    """The console script: :func:`main`, bad input as one error line and status 1."""
+    return run_main(main, None, PROG)
+
+
 if __name__ == "__main__":
-    sys.exit(run_main(main, None, "ablation_table.py"))
+    sys.exit(cli_main())

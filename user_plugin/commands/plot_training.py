@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """Draw fairseq-train logs as training curves: one PNG, every panel against updates.
 
-    python scripts/plot_training.py LOG [LOG ...] --output curves.png [--labels A B ...]
-    python scripts/plot_training.py LOG --summary
+    vaswani-plot-training LOG [LOG ...] --output curves.png [--labels A B ...]
+    vaswani-plot-training LOG --summary
 
 Panels: loss (training, solid, and validation, dashed; label-smoothed cross-entropy in bits,
 as fairseq logs it), validation perplexity (of the NLL, log scale), learning rate, and
@@ -24,7 +23,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
 
 from user_plugin.files import UserError, atomic_write, run_main  # noqa: E402
@@ -149,7 +147,7 @@ def summary(log: TrainingLog, label: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("logs", nargs="+", type=Path, metavar="LOG",
                         help="fairseq-train logs (--log-format simple or json)")
     parser.add_argument("--output", type=Path, metavar="PNG", help="the picture to write")
@@ -177,5 +175,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+PROG = "vaswani-plot-training"
+
+
+def cli_main() -> int:
+    """The console script: :func:`main`, bad input as one error line and status 1."""
+    return run_main(main, None, PROG)
+
+
 if __name__ == "__main__":
-    sys.exit(run_main(main, None, Path(sys.argv[0]).name))
+    sys.exit(cli_main())

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Treebank preparation for the parsing recipe (paper §6.3, recipes/ptb_parsing/).
 
 Subcommands:
@@ -31,7 +30,6 @@ from pathlib import Path
 # The parsing modules live in the plugin package, whose import brings fairseq, which sets up
 # INFO logging on import: keep stderr to warnings and errors.
 logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from user_plugin.files import (  # noqa: E402
     UserError,
@@ -186,7 +184,7 @@ def cmd_delinearize(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="prepare_trees.py", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("prepare", help="normalize and linearize a Penn Treebank")
@@ -225,5 +223,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     return args.func(args)
 
 
+PROG = "vaswani-prepare-trees"
+
+
+def cli_main() -> int:
+    """The console script: :func:`main`, bad input as one error line and status 1."""
+    return run_main(main, None, PROG)
+
+
 if __name__ == "__main__":
-    sys.exit(run_main(main, None, "prepare_trees.py"))
+    sys.exit(cli_main())

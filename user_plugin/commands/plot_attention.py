@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Draw a trained model's attention weights as heatmaps, as in the paper's Figures 3-5.
 
 For one sentence pair, the model is run teacher-forced (the target is fed to the decoder) and
@@ -18,9 +17,9 @@ weight (given in the panel title). With only a source sentence, the target is fi
 decoded with the paper's beam search (beam 4, GNMT alpha 0.6); with several checkpoints only
 the first is drawn.
 
-    python scripts/plot_attention.py --model-dir MODEL_DIR --source "A man rides a bike." \\
+    vaswani-plot-attention --model-dir MODEL_DIR --source "A man rides a bike." \\
         --out-dir attention/ [--target "Ein Mann fährt Rad."]
-    python scripts/plot_attention.py --checkpoint ckpt/checkpoint_best.pt --data-dir data-bin \\
+    vaswani-plot-attention --checkpoint ckpt/checkpoint_best.pt --data-dir data-bin \\
         --source-lang en --target-lang de --source "..." --out-dir attention/
 
 Raw sentences go through the model directory's Moses/BPE settings (see ``user_plugin.hub``);
@@ -38,9 +37,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-# ``import user_plugin`` from any directory; logging set up before fairseq is imported (see
-# user_plugin.files).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# Logging set up before fairseq is imported (see user_plugin.files).
 logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
 
 from user_plugin.files import UserError, atomic_write, run_main  # noqa: E402
@@ -49,7 +46,7 @@ KINDS = ("encoder_self", "decoder_self", "encoder_decoder")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--model-dir", type=Path, help="a hub model directory (user_plugin.hub)")
     where.add_argument("--checkpoint", type=Path, help="a checkpoint file (with --data-dir)")
@@ -249,5 +246,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+PROG = "vaswani-plot-attention"
+
+
+def cli_main() -> int:
+    """The console script: :func:`main`, bad input as one error line and status 1."""
+    return run_main(main, None, PROG)
+
+
 if __name__ == "__main__":
-    sys.exit(run_main(main, None, "plot_attention.py"))
+    sys.exit(cli_main())

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Print the options of the plugin's model, criterion, scheduler and task with help and defaults.
 
 ``fairseq-train --help`` prints before fairseq adds an architecture's options, so this lists
@@ -7,10 +6,6 @@ what ``--arch vaswani_*``, ``--criterion vaswani_label_smoothed_cross_entropy``,
 """
 
 import argparse
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main() -> None:
@@ -44,5 +39,11 @@ def main() -> None:
     parser.print_help()
 
 
-if __name__ == "__main__":
+def cli_main() -> int:
+    """The ``vaswani-options`` command."""
     main()
+    return 0
+
+
+if __name__ == "__main__":
+    cli_main()

@@ -1,0 +1,24 @@
+"""The project's command-line tools, one module per installed command.
+
+``pip install .`` (or ``-e .``) puts each on ``PATH`` as a console script named in fairseq's
+``fairseq-*`` style (``setup.py``'s ``entry_points``); every module here has a ``cli_main()``
+that the console script calls and a ``main(argv)`` that returns the exit status, for use from
+Python. The package is called ``commands`` because that is what it holds: the programs a user
+types, as opposed to the library code (models, data, files) they are built on. fairseq's
+``--user-dir`` loader imports only ``tasks/`` and ``models/``, so nothing here is loaded into a
+training run.
+
+=========================  ================================================================
+command                    module
+=========================  ================================================================
+``vaswani-user-dir``       :mod:`.user_dir`: prints the ``--user-dir`` path
+``vaswani-options``        :mod:`.model_options`: the plugin's model/criterion/task options
+``vaswani-plot-training``  :mod:`.plot_training`: training curves from fairseq-train logs
+``vaswani-plot-attention`` :mod:`.plot_attention`: attention heatmaps (Figures 3-5)
+``vaswani-ablation-table`` :mod:`.ablation_table`: Table 3 from ``recipes/ablation.sh``
+``vaswani-prepare-trees``  :mod:`.prepare_trees`: Penn Treebank preparation (§6.3)
+``vaswani-parse-eval``     :mod:`.parse_eval`: EVALB-compatible bracket scoring (§6.3)
+``vaswani-export``         :mod:`user_plugin.export.cli`: fairseq / CTranslate2 exports
+``vaswani-translate``      :mod:`user_plugin.hub.cli`: translate stdin with a model dir
+=========================  ================================================================
+"""
