@@ -34,6 +34,15 @@ def fairseq_env() -> Dict[str, str]:
     return env
 
 
+def command(module: str) -> List[str]:
+    """The argument list that runs ``user_plugin.commands.<module>`` of this checkout the way its
+    installed console script does (``from ... import cli_main; sys.exit(cli_main())``), whatever
+    the environment has installed; append the command's arguments."""
+    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); "
+            f"from user_plugin.commands.{module} import cli_main; sys.exit(cli_main())")
+    return [sys.executable, "-c", code]
+
+
 def run_fairseq(tool: str, args: Sequence[str], cwd: Path | None = None,
                 timeout: int = 600) -> subprocess.CompletedProcess:
     """Run ``python -m fairseq_cli.<tool>``; raise with its output if it fails."""

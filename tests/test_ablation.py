@@ -1,7 +1,7 @@
 """The Table 3 ablation recipe (recipes/ablation.sh wmt14_en_de) on a tiny real slice: 2000
 Multi30k training pairs, 200 newstest2013 pairs as the dev set (word-level, joined dictionary),
 two variants trained for 30 updates with tiny sizes, and the table it writes
-(scripts/ablation_table.py)."""
+(``vaswani-ablation-table``, user_plugin/commands/ablation_table.py)."""
 
 import json
 import os
@@ -12,17 +12,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from cli import REPO, fairseq_env, run_fairseq
+from cli import REPO, command, fairseq_env, run_fairseq
 from conftest import SHARED_DATA, require_data, tokenize_file
 
-sys.path.insert(0, str(REPO / "scripts"))
-import ablation_table
-
+from user_plugin.commands import ablation_table
 from user_plugin.files import UserError
 
 ABLATION_SH = REPO / "recipes" / "ablation.sh"
 PAIR = "wmt14_en_de"
-TABLE_SCRIPT = REPO / "scripts" / "ablation_table.py"
 VARIANTS = ["vaswani_table3_c_layers2", "vaswani_table3_d_ls0_0"]
 TINY_EXTRA_ARGS = (
     "--encoder-embed-dim 32 --decoder-embed-dim 32 --encoder-ffn-embed-dim 64 "
@@ -148,7 +145,7 @@ def test_unknown_variant_fails_in_one_line_before_training(ablation, tmp_path):
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if "error" in line]
     expected = ("ablation: error: VARIANTS: unknown architecture 'nope' (the Table 3 ones: "
-                "ablation_table.py list)")
+                "vaswani-ablation-table list)")
     assert errors == [expected]
     assert not out.exists()
 
@@ -195,11 +192,11 @@ def test_collect_reports_a_missing_log_in_one_line(ablation, tmp_path):
     shutil.copytree(ablation.out, out)
     (out / VARIANTS[0] / "validate.log").unlink()
     proc = subprocess.run(
-        [sys.executable, str(TABLE_SCRIPT), "collect", "--results-dir", str(out),
+        [*command("ablation_table"), "collect", "--results-dir", str(out),
          "--output", str(out / "new.md")],
         capture_output=True, text=True, env=fairseq_env(), timeout=120, check=False,
     )
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == (
-        f"ablation_table.py: error: {out / VARIANTS[0] / 'validate.log'}: no such file")
+        f"vaswani-ablation-table: error: {out / VARIANTS[0] / 'validate.log'}: no such file")
     assert "Traceback" not in proc.stderr and not (out / "new.md").exists()

@@ -120,11 +120,10 @@ def test_paper_values_are_the_defaults_of_vaswani_base():
 
 def test_model_options_script_lists_every_option_with_its_default():
     import subprocess
-    import sys
 
-    from cli import REPO
+    from cli import command
 
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "model_options.py")],
+    proc = subprocess.run(command("model_options"),
                           capture_output=True, text=True, check=True)
     for option in [*FAIRSEQ_TRANSFORMER_OPTIONS, *FAIRSEQ_TRANSFORMER_FLAGS, "--label-smoothing",
                    "--warmup-updates", "--lr-scale", "--attention-key-dim",

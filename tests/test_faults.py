@@ -23,7 +23,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from cli import PAPER_OPTIMIZATION_ARGS, REPO, TINY_MODEL_ARGS, USER_DIR, fairseq_env, run_fairseq
+from cli import (
+    PAPER_OPTIMIZATION_ARGS,
+    REPO,
+    TINY_MODEL_ARGS,
+    USER_DIR,
+    command,
+    fairseq_env,
+    run_fairseq,
+)
 from conftest import TINY, build_vaswani, make_dictionary
 from fault_injection import (
     FullDisk,
@@ -215,7 +223,7 @@ def test_truncated_checkpoint_through_the_real_commands(tool, reference_run, tmp
         cmd = [sys.executable, "-m", "user_plugin.hub", str(reference_run.data_bin),
                "--checkpoints", str(bad), "--source-lang", "en", "--target-lang", "de"]
     else:
-        cmd = [sys.executable, str(REPO / "scripts" / "plot_attention.py"), "--checkpoint",
+        cmd = [*command("plot_attention"), "--checkpoint",
                str(bad), "--data-dir", str(reference_run.data_bin), "--source-lang", "en",
                "--target-lang", "de", "--source", "a man .", "--out-dir", str(out_dir)]
     proc = subprocess.run(cmd, input="a man .\n", cwd=REPO, env=fairseq_env(),
@@ -644,7 +652,7 @@ def test_every_reader_refuses_a_checkpoint_with_flipped_bytes(tool, reference_ru
                     str(reference_run.checkpoint), str(bad), "--output", str(out)],
         "hub": [sys.executable, "-m", "user_plugin.hub", str(reference_run.data_bin),
                 "--checkpoints", str(bad), "--source-lang", "en", "--target-lang", "de"],
-        "plot_attention": [sys.executable, str(REPO / "scripts" / "plot_attention.py"),
+        "plot_attention": [*command("plot_attention"),
                            "--checkpoint", str(bad), "--data-dir", str(reference_run.data_bin),
                            "--source", "a man .", "--out-dir", str(out)],
         "generate": [sys.executable, "-m", "fairseq_cli.generate", str(reference_run.data_bin),
@@ -701,7 +709,8 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(tool, reference_run, tmp_pat
                 "--output-json", str(out_dir / "bleu.json")]
         destination = out_dir / "bleu.json"
     elif tool == "plot_attention":
-        module, prog = importlib.import_module("plot_attention"), "plot_attention.py"
+        module = importlib.import_module("user_plugin.commands.plot_attention")
+        prog = module.PROG
         argv = ["--checkpoint", str(reference_run.checkpoint), "--data-dir",
                 str(reference_run.data_bin), "--source", "a man .", "--target", "ein mann .",
                 "--tokenized", "--out-dir", str(out_dir)]
@@ -863,7 +872,7 @@ def test_plot_attention_reads_a_builtin_transformer_like_ours():
         copy_our_weights_into_fairseq,
     )
 
-    plot_attention = importlib.import_module("plot_attention")
+    plot_attention = importlib.import_module("user_plugin.commands.plot_attention")
     dictionary = make_dictionary(40)
     torch.manual_seed(0)
     ours = build_vaswani(dictionary, **TINY).eval()
@@ -892,7 +901,7 @@ def test_plot_attention_of_a_builtin_transformer_checkpoint(multi30k_bin, tmp_pa
         "--save-dir", save_dir, "--disable-validation", "--num-workers", "0"])
     out = tmp_path / "attention"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "plot_attention.py"), "--checkpoint",
+        [*command("plot_attention"), "--checkpoint",
          str(save_dir / "checkpoint_last.pt"), "--data-dir", str(multi30k_bin.data_bin),
          "--source", "a man is riding a bike .", "--tokenized", "--out-dir", str(out)],
         cwd=REPO, env=fairseq_env(), capture_output=True, text=True, timeout=300)

@@ -1,5 +1,5 @@
 """Bracket scoring with EVALB's COLLINS.prm conventions (the F1 of the paper's Table 4), against
-figures computed by hand, and scripts/parse_eval.py, which stands in for EVALB.
+figures computed by hand, and ``vaswani-parse-eval``, which stands in for EVALB.
 
 Each case writes out the brackets EVALB counts as (label, first word, last word + 1) over the
 words that remain once punctuation and -NONE- are deleted."""
@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
-from conftest import REPO
+from cli import command
 
 from user_plugin.parsing.evalb import (
     ERROR,
@@ -26,8 +25,6 @@ from user_plugin.parsing.evalb import (
     spans_of,
 )
 from user_plugin.parsing.trees import parse_tree
-
-SCRIPT = REPO / "scripts" / "parse_eval.py"
 
 
 def spans(text: str):
@@ -203,7 +200,7 @@ def test_the_report_has_evalbs_summary_lines():
 
 
 def run_eval(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True,
+    return subprocess.run([*command("parse_eval"), *map(str, args)], capture_output=True,
                           text=True, check=False)
 
 
@@ -283,5 +280,5 @@ def test_cli_errors_are_one_line(tmp_path, case, message):
                       *extra)
     assert result.returncode == 1
     assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
-    assert result.stderr.startswith("parse_eval.py: error: ")
+    assert result.stderr.startswith("vaswani-parse-eval: error: ")
     assert not (tmp_path / "out.json").exists()

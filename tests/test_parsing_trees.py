@@ -9,7 +9,7 @@ import sys
 from collections import Counter
 
 import pytest
-from conftest import REPO
+from cli import REPO, command
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from nltk import Tree
@@ -38,8 +38,6 @@ from user_plugin.parsing.trees import (
     tree_to_line,
     words_of,
 )
-
-SCRIPT = REPO / "scripts" / "prepare_trees.py"
 
 # Two trees in the LDC's .mrg layout: an unlabelled wrapper, trees over several lines, traces,
 # function tags and co-indices.
@@ -81,7 +79,7 @@ def tree(text: str) -> Tree:
 
 
 def run_script(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True,
+    return subprocess.run([*command("prepare_trees"), *map(str, args)], capture_output=True,
                           text=True, check=False)
 
 

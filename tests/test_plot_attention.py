@@ -1,27 +1,24 @@
-"""scripts/plot_attention.py: attention heatmaps (the paper's Figures 3-5) from a checkpoint
+"""``vaswani-plot-attention``: attention heatmaps (the paper's Figures 3-5) from a checkpoint
 trained by the real fairseq-train (the ``trained_multi30k`` fixture)."""
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from cli import fairseq_env
+from cli import command, fairseq_env
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "scripts" / "plot_attention.py"
-sys.path.insert(0, str(SCRIPT.parent))
 
-import plot_attention  # noqa: E402
+from user_plugin.commands import plot_attention  # noqa: E402
 
 LAYERS, HEADS = 2, 4  # the fixture's tiny model (cli.TINY_MODEL_ARGS)
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def run_script(*args):
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], env=fairseq_env(),
+    return subprocess.run([*command("plot_attention"), *map(str, args)], env=fairseq_env(),
                           capture_output=True, text=True, timeout=300, check=False)
 
 
@@ -96,7 +93,7 @@ def test_bad_checkpoint_is_one_line_and_writes_nothing(tmp_path):
                       "--target-lang", "de", "--source", "x", "--out-dir", out)
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("plot_attention.py: error:") and str(bad) in last
+    assert last.startswith("vaswani-plot-attention: error:") and str(bad) in last
     assert "Traceback" not in proc.stderr
     assert not out.exists()
 

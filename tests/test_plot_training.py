@@ -1,29 +1,26 @@
-"""scripts/plot_training.py and user_plugin/training_log.py on real fairseq-train logs: the
+"""``vaswani-plot-training`` and user_plugin/training_log.py on real fairseq-train logs: the
 series read, the picture of one log and of two overlaid, and one-line errors for bad logs."""
 
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from cli import PAPER_OPTIMIZATION_ARGS, USER_DIR, fairseq_env, run_fairseq
+from cli import PAPER_OPTIMIZATION_ARGS, USER_DIR, command, fairseq_env, run_fairseq
 
 from user_plugin.files import UserError
 from user_plugin.training_log import read_training_log
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "scripts" / "plot_training.py"
-sys.path.insert(0, str(SCRIPT.parent))
 
-import plot_training  # noqa: E402
+from user_plugin.commands import plot_training  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def run_script(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True,
+    return subprocess.run([*command("plot_training"), *map(str, args)], capture_output=True,
                           text=True, env=fairseq_env(), timeout=300)
 
 
@@ -165,7 +162,7 @@ def test_bad_logs_are_one_error_line(tmp_path, content, message):
     proc = run_script(path, "--output", output)
     assert proc.returncode == 1
     assert proc.stderr.count("\n") == 1, proc.stderr
-    assert proc.stderr.startswith("plot_training.py: error: ")
+    assert proc.stderr.startswith("vaswani-plot-training: error: ")
     assert str(path) in proc.stderr and message in proc.stderr
     assert not output.exists()
 

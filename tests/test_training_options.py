@@ -63,11 +63,10 @@ def test_option_list_equals_fairseq_transformer_but_for_listed_differences():
 
 def test_model_options_script_lists_every_option_of_fairseqs_transformer():
     import subprocess
-    import sys
 
-    from cli import REPO
+    from cli import command
 
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "model_options.py")],
+    proc = subprocess.run(command("model_options"),
                           capture_output=True, text=True, check=True)
     listed = set(proc.stdout.split())
     for strings in model_options("transformer").values():
