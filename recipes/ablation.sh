@@ -4,13 +4,13 @@
 # newstest2013, without checkpoint averaging: perplexity per word-piece (fairseq-validate),
 # BLEU with beam search (fairseq-generate; the generate step's options, recipes/common.sh) and
 # the number of parameters; then write a Table-3-like markdown table
-# (scripts/ablation_table.py).
+# (vaswani-ablation-table).
 #
 #   VARIANTS="vaswani_table3_base vaswani_table3_c_layers2" bash recipes/ablation.sh wmt14_en_de
 #
 # Needs binarized data with a joined dictionary (the recipe's data steps, or DATA_BIN made
 # elsewhere), whose VALID_SUBSET is newstest2013. Every variant is an architecture name: the
-# Table 3 ones are listed by `python scripts/ablation_table.py list` (vaswani_table3_base,
+# Table 3 ones are listed by `vaswani-ablation-table list` (vaswani_table3_base,
 # ..._c_layers2, ...), and any other registered architecture works too.
 #
 # Each variant gets a directory $ABLATION_DIR/<variant>/ of steps (recipes/common.sh markers):
@@ -50,7 +50,7 @@ detect_device
 TASK=${TASK:-translation}
 decoding_defaults
 ABLATION_DIR=$(absolute_path "${ABLATION_DIR:-$WORK_DIR/ablation}")
-TABLE_SCRIPT="$SCRIPTS_DIR/ablation_table.py"
+TABLE_COMMAND=vaswani-ablation-table
 REMOVE_BPE=${REMOVE_BPE-$SUBWORD_POST_PROCESS}
 VALID_SUBSET=${VALID_SUBSET:-valid}
 CHECKPOINT=${CHECKPOINT:-checkpoint_last.pt}
@@ -61,16 +61,16 @@ require_int EVAL_MAX_TOKENS
 require_data_bin "$BIN_DIR" "$VALID_SUBSET"
 
 if [ -z "${VARIANTS:-}" ]; then
-  VARIANTS=$(python "$TABLE_SCRIPT" list | tr '\n' ' ')
+  VARIANTS=$("$TABLE_COMMAND" list | tr '\n' ' ')
 fi
 read -r -a variants <<< "${VARIANTS//,/ }"
 [ "${#variants[@]}" -gt 0 ] || die "VARIANTS is empty"
 # Check every name before training anything: "ARCH LABEL_SMOOTHING TRAIN_STEPS" per variant.
 info_errors="$(mktemp)"
-if ! info=$(python "$TABLE_SCRIPT" info "${variants[@]}" 2> "$info_errors"); then
-  message=$(grep 'error:' "$info_errors" | tail -n 1 | sed 's/^ablation_table.py: error: //')
+if ! info=$("$TABLE_COMMAND" info "${variants[@]}" 2> "$info_errors"); then
+  message=$(grep 'error:' "$info_errors" | tail -n 1 | sed "s/^$TABLE_COMMAND: error: //")
   rm -f "$info_errors"
-  die "VARIANTS: ${message:-cannot read the architectures (python $TABLE_SCRIPT info failed)}"
+  die "VARIANTS: ${message:-cannot read the architectures ($TABLE_COMMAND info failed)}"
 fi
 rm -f "$info_errors"
 mapfile -t rows <<< "$info"
@@ -140,7 +140,7 @@ table_config="v1 variants=${variants[*]} checkpoint=$CHECKPOINT subset=$VALID_SU
 if step_is_done "$ABLATION_DIR" "$table_config" "${variant_dirs[@]}"; then
   log "table already written from these variants: $ABLATION_DIR/table.md"
 else
-  run python "$TABLE_SCRIPT" collect --results-dir "$ABLATION_DIR" --variants "${variants[@]}" \
+  run "$TABLE_COMMAND" collect --results-dir "$ABLATION_DIR" --variants "${variants[@]}" \
     --checkpoint "$CHECKPOINT" --subset "$VALID_SUBSET" \
     --output "$ABLATION_DIR/table.md" --json "$ABLATION_DIR/results.json"
   step_mark_done "$ABLATION_DIR" "$table_config" "${variant_dirs[@]}" -- table.md results.json

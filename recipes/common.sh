@@ -67,6 +67,8 @@ activate_venv() {
   fi
   command -v fairseq-train >/dev/null 2>&1 \
     || die "fairseq-train not found: run scripts/setup_venv.sh (or set VENV to a virtualenv)"
+  command -v vaswani-user-dir >/dev/null 2>&1 \
+    || die "the vaswani commands are not installed: run scripts/setup_venv.sh (or pip install .)"
   export PYTHONUNBUFFERED=1
   paper_constants
 }

@@ -148,7 +148,7 @@ EOF
 )
 elapsed=$(( $(date +%s) - start_time ))
 log "Multi30k test_2016_flickr EN->DE sacreBLEU of the average of the last ${AVERAGE_LAST:-$PAPER_BASE_AVERAGE_LAST} checkpoints: $sacrebleu"
-log "validation: $(python "$SCRIPTS_DIR/plot_training.py" "$RUN_DIR/checkpoints/train.log" --summary 2>&1)"
+log "validation: $(vaswani-plot-training "$RUN_DIR/checkpoints/train.log" --summary 2>&1)"
 log "training curves: $RUN_DIR/checkpoints/training_curves.png"
 log "TensorBoard: tensorboard --logdir $RUN_DIR/checkpoints/tensorboard"
 log "translations: $RUN_DIR/generate/hyp.detok.de; wall time ${elapsed}s"

@@ -196,7 +196,7 @@ def test_the_report_has_evalbs_summary_lines():
 
 
 # ---------------------------------------------------------------------------------------------
-# scripts/parse_eval.py
+# vaswani-parse-eval
 
 
 def run_eval(*args) -> subprocess.CompletedProcess:

@@ -330,7 +330,7 @@ def test_the_ambiguity_check_sees_an_ambiguous_grammar(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
-# scripts/prepare_trees.py
+# vaswani-prepare-trees
 
 
 @pytest.mark.parametrize("pos_tags", ["xx", "keep"])

@@ -46,7 +46,7 @@ if step_is_done "$PTB_DIR" "$synth_config"; then
   log "synthetic treebank already in $PTB_DIR"
 else
   step_restart "$PTB_DIR"
-  run python "$SCRIPTS_DIR/prepare_trees.py" synthesize --out-dir "$PTB_DIR" \
+  run vaswani-prepare-trees synthesize --out-dir "$PTB_DIR" \
     --train "$SYNTH_TRAIN" --dev "$SYNTH_DEV" --test "$SYNTH_TEST" --seed "$SYNTH_SEED"
   step_mark_done "$PTB_DIR" "$synth_config" -- train.trees dev.trees test.trees
 fi

@@ -68,7 +68,7 @@ run fairseq-generate "$BIN_DIR" --user-dir "$PLUGIN_DIR" --task vaswani_translat
 mv "$GEN_DIR/generate.txt.tmp" "$GEN_DIR/generate.txt"
 run python "$PREPARE_TEXT" extract-hypotheses --expected "$expected" \
   "$GEN_DIR/generate.txt" "$GEN_DIR/hyp.$TGT"
-run python "$PREPARE_TREES" delinearize --words "$PREP_DIR/$GEN_SUBSET.$SRC" \
+run "$PREPARE_TREES" delinearize --words "$PREP_DIR/$GEN_SUBSET.$SRC" \
   --hypotheses "$GEN_DIR/hyp.$TGT" "${tags_from[@]}" \
   --output "$GEN_DIR/parsed.trees" --report "$GEN_DIR/repairs.json"
 step_mark_done "$GEN_DIR" "$config" "${upstream[@]}" -- \

@@ -36,7 +36,7 @@ if step_is_done "$PREP_DIR" "$config"; then
 fi
 log "reading and normalizing the treebank in $PTB_DIR (POS tags: $POS_TAGS)"
 step_restart "$PREP_DIR"
-run python "$PREPARE_TREES" prepare --ptb-dir "$PTB_DIR" --out-dir "$PREP_DIR" \
+run "$PREPARE_TREES" prepare --ptb-dir "$PTB_DIR" --out-dir "$PREP_DIR" \
   --pos-tags "$POS_TAGS"
 outputs=(prepare.json)
 for split in train valid test; do

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Parsing step 5, score (paper Table 4): EVALB-compatible bracket F1 (COLLINS.prm conventions,
-# scripts/parse_eval.py) of the parsed trees against the gold trees. The full EVALB report is
+# vaswani-parse-eval) of the parsed trees against the gold trees. The full EVALB report is
 # saved in score/<subset>/evalb.txt (figures also in evalb.json); its summary is printed, with
 # the paper's section 23 F1 beside it. The gold tags decide which words are punctuation on both
 # sides (--punctuation-from-gold): EVALB would make a sentence whose parse tags a punctuation
@@ -36,7 +36,7 @@ fi
 require_step "$GEN_DIR" generate
 step_restart "$SCORE_DIR"
 log "scoring $GEN_DIR/parsed.trees against $PREP_DIR/$GEN_SUBSET.gold"
-run python "$PARSE_EVAL" --gold "$PREP_DIR/$GEN_SUBSET.gold" --pred "$GEN_DIR/parsed.trees" \
+run "$PARSE_EVAL" --gold "$PREP_DIR/$GEN_SUBSET.gold" --pred "$GEN_DIR/parsed.trees" \
   --punctuation-from-gold --json-out "$SCORE_DIR/evalb.json" > "$SCORE_DIR/evalb.txt.tmp"
 mv "$SCORE_DIR/evalb.txt.tmp" "$SCORE_DIR/evalb.txt"
 report

@@ -25,8 +25,8 @@ SCORE_DIR="$WORK_DIR/score/$GEN_SUBSET"
 # fairseq's "languages": the source side holds the words, the target side the brackets.
 SRC=words
 TGT=brackets
-PREPARE_TREES="$SCRIPTS_DIR/prepare_trees.py"
-PARSE_EVAL="$SCRIPTS_DIR/parse_eval.py"
+PREPARE_TREES=vaswani-prepare-trees
+PARSE_EVAL=vaswani-parse-eval
 eval "$(python "$PLUGIN_DIR/paper.py")"
 
 # json_value FILE KEY...: a value from a JSON file (floats with 2 decimals), e.g.

@@ -231,9 +231,9 @@ run_training() {
 
 # plot_curves: the training curves of TRAIN_LOG (train and validation loss, validation
 # perplexity, learning rate, validation BLEU when measured) drawn into CURVES_PNG by
-# scripts/plot_training.py. A picture that cannot be drawn is a warning, not a failed training.
+# vaswani-plot-training. A picture that cannot be drawn is a warning, not a failed training.
 plot_curves() {
-  if python "$SCRIPTS_DIR/plot_training.py" "$TRAIN_LOG" --output "$CURVES_PNG"; then
+  if vaswani-plot-training "$TRAIN_LOG" --output "$CURVES_PNG"; then
     log "training curves: $CURVES_PNG"
   else
     log "warning: no training curves drawn from $TRAIN_LOG (see the line above)"
