@@ -31,7 +31,7 @@ import user_plugin.registration  # noqa: E402,F401  (registers the plugin)
 
 #: The test modules of the fast subset (``-m fast``).
 FAST_MODULES = frozenset({
-    "test_beam_cache", "test_builtin_transformer", "test_criterion",
+    "test_beam_cache", "test_builtin_transformer", "test_commands", "test_criterion",
     "test_equivalence_with_fairseq", "test_fairseq_patches", "test_fast_subset", "test_files",
     "test_import_cycles", "test_incremental_decoding", "test_line_rule", "test_lr_schedule",
     "test_parameter_counts", "test_parsing_architecture", "test_parsing_evalb",

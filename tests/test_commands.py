@@ -1,0 +1,59 @@
+"""The installed commands as declared (``setup.py``'s console scripts), without installing: each
+points at a function that exists, the recipes and docs name only declared commands, and
+``python -m user_plugin`` prints the ``--user-dir`` path.
+(``tests/test_installed_commands.py`` installs the package for real.)"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from cli import REPO
+
+COMMAND_WORD = re.compile(r"(?<![\w./-])vaswani-[a-z][a-z0-9-]*[a-z0-9](?![\w-]|\.\w)")
+
+
+def console_scripts() -> dict:
+    """``{command: "module:function"}`` as ``setup.py`` declares them (read, not run)."""
+    tree = ast.parse((REPO / "setup.py").read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg == "entry_points":
+            entry_points = ast.literal_eval(node.value)
+            pairs = (line.split("=", 1) for line in entry_points["console_scripts"])
+            return {name.strip(): target.strip() for name, target in pairs}
+    raise AssertionError("setup.py declares no entry_points")
+
+
+def test_every_console_script_names_a_function_of_the_package():
+    scripts = console_scripts()
+    assert "vaswani-user-dir" in scripts and len(scripts) >= 9
+    for name, target in scripts.items():
+        assert re.fullmatch(r"vaswani(-[a-z]+)+", name), name
+        module_name, _, function = target.partition(":")
+        assert module_name.startswith("user_plugin."), target
+        assert callable(getattr(importlib.import_module(module_name), function)), target
+
+
+def test_recipes_and_docs_name_only_declared_commands():
+    declared = set(console_scripts())
+    texts = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
+             *sorted((REPO / "recipes").rglob("*.sh"))]
+    used = {}
+    for path in texts:
+        for word in COMMAND_WORD.findall(path.read_text(encoding="utf-8")):
+            used.setdefault(word, path.relative_to(REPO))
+    assert {"vaswani-plot-training", "vaswani-ablation-table"} <= set(used)
+    unknown = {word: str(path) for word, path in used.items() if word not in declared}
+    assert unknown == {}
+
+
+def test_python_dash_m_user_plugin_prints_the_user_dir(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "user_plugin"], cwd=REPO, capture_output=True,
+                          text=True, check=True)
+    printed = Path(proc.stdout.strip())
+    assert printed == REPO / "user_plugin"
+    assert (printed / "__init__.py").is_file() and (printed / "models").is_dir()
