@@ -22,10 +22,12 @@ boolean buffers are not parameters and must agree across checkpoints. Tensors ti
 checkpoint (shared embeddings, §3.4) stay tied in the output. The output keeps the non-parameter
 fields (``cfg``, ``optimizer_history``, ...) of the first checkpoint of the list (the newest one
 when selecting from a directory), without the optimizer state or EMA copies, so it is about the
-size of the model. Every input is verified before it is used (each record's CRC-32: a
-damaged file is refused, naming it). The output is written atomically and read back and
-verified before it is moved into place: nothing is written when anything goes wrong, a full
-disk included (one line).
+size of the model. The output never replaces an input (the same path or the same file, a
+hard link included) nor a training checkpoint (one holding an optimizer state, such as
+``checkpoint_last.pt``): both are refused before anything is read. Every input is verified
+before it is used (each record's CRC-32: a damaged file is refused, naming it). The output is
+written atomically and read back and verified before it is moved into place: nothing is
+written when anything goes wrong, a full disk included (one line).
 """
 
 from __future__ import annotations
@@ -45,8 +47,10 @@ logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(me
 import torch  # noqa: E402
 
 from user_plugin.files import (  # noqa: E402
+    LOAD_ERRORS,
     UserError,
     read_checkpoint,
+    refuse_input_clash,
     run_main,
     save_checkpoint,
 )
@@ -253,13 +257,32 @@ def resolve_inputs(args: argparse.Namespace) -> list[Path]:
     return [Path(path) for path in args.inputs]
 
 
+def refuse_replacing_a_training_checkpoint(output: Path) -> None:
+    """Refuse an ``output`` that is an existing training checkpoint (it holds an optimizer
+    state, as fairseq-train's ``checkpoint_last.pt`` does): the average would replace the
+    state a training run resumes from. A file that does not load as a checkpoint is not
+    one."""
+    if not output.is_file():
+        return
+    try:
+        state = torch.load(output, map_location="cpu", weights_only=True, mmap=True)
+    except LOAD_ERRORS:
+        return
+    if isinstance(state, dict) and state.get("last_optimizer_state") is not None:
+        raise UserError(f"{output}: is a training checkpoint (it holds an optimizer state); "
+                        "the average would replace it: choose another --output "
+                        "(nothing was written)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     paths = resolve_inputs(args)
+    refuse_input_clash(args.output, paths)
+    refuse_replacing_a_training_checkpoint(Path(args.output))
     print(f"averaging {len(paths)} checkpoint(s): {', '.join(str(path) for path in paths)}",
           flush=True)
     state = average_checkpoints(paths)
-    save_checkpoint(state, Path(args.output))
+    save_checkpoint(state, Path(args.output), inputs=paths)
     count = sum(tensor.numel() for tensor in {id(t): t for t in state["model"].values()}.values())
     print(f"wrote {args.output} ({count:,} averaged values)")
     return 0

@@ -39,7 +39,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
 
-from user_plugin.files import UserError, atomic_write_text, iter_lines, run_main  # noqa: E402
+from user_plugin.files import (  # noqa: E402
+    UserError,
+    atomic_write_text,
+    iter_lines,
+    refuse_input_clash,
+    run_main,
+)
 
 #: ``perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'`` on bytes: ASCII whitespace only.
 COMPOUND_HYPHEN = re.compile(r"(\S)-(\S)", re.ASCII)
@@ -186,6 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     compound_split = not args.no_compound_split
+    if args.output_json is not None:
+        refuse_input_clash(args.output_json, [args.hyp, args.ref])
     tokenized, sacre, report = score_files(args.hyp, args.ref, args.target_lang, compound_split)
     how = "with" if compound_split else "without"
     print(f"scored {report['num_sentences']} sentences of {args.hyp} against {args.ref}")
@@ -193,7 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{tokenized}")
     print(f"sacreBLEU: {sacre} {report['sacrebleu']['signature']}")
     if args.output_json is not None:
-        atomic_write_text(args.output_json, json.dumps(report, indent=2) + "\n")
+        atomic_write_text(args.output_json, json.dumps(report, indent=2) + "\n",
+                          inputs=[args.hyp, args.ref])
         print(f"wrote {args.output_json}")
     return 0
 

@@ -1,0 +1,124 @@
+"""Faults by class: an output never replaces an input, text files as they come, paths as users
+write them, identity by content (a training fingerprint in every checkpoint), one line with the
+right cause.
+
+The matrix of cases, outcomes and tests is docs/faults.md. Files that a refused command must
+leave alone are compared by sha256 before and after (``fault_injection.snapshot``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from cli import REPO
+from conftest import TINY, build_vaswani, make_dictionary
+from fault_injection import snapshot
+
+from user_plugin.files import UserError, atomic_write_text, refuse_input_clash, run_main
+
+sys.path.insert(0, str(REPO / "scripts"))
+average_checkpoints = importlib.import_module("average_checkpoints")
+score_translation = importlib.import_module("score_translation")
+NOISE = ("Warning", "warnings.warn", "tensorboardX", "autocast")
+
+
+def one_error_line(stderr: str) -> str:
+    lines = [line for line in stderr.strip().splitlines() if not any(n in line for n in NOISE)]
+    assert "Traceback" not in stderr, stderr
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def tiny_checkpoint(path: Path, vocabulary: int = 20, seed: int = 0, **extra) -> Path:
+    torch.manual_seed(seed)
+    model = build_vaswani(make_dictionary(vocabulary), **TINY)
+    torch.save({"model": model.state_dict(), "cfg": None, **extra}, path)
+    return path
+
+
+def average(argv: list, capsys) -> tuple[int, str]:
+    status = run_main(average_checkpoints.main, [str(a) for a in argv], "average_checkpoints.py")
+    return status, capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------
+# An output never replaces an input
+
+
+@pytest.mark.parametrize("how", ["same path", "relative path", "symbolic link", "hard link"])
+def test_averaging_onto_one_of_its_inputs_is_refused_and_changes_nothing(how, tmp_path, capsys,
+                                                                         monkeypatch):
+    a = tiny_checkpoint(tmp_path / "checkpoint_last.pt", seed=1)
+    b = tiny_checkpoint(tmp_path / "b.pt", seed=2)
+    output = {"same path": a, "relative path": Path("sub/../checkpoint_last.pt"),
+              "symbolic link": tmp_path / "link.pt", "hard link": tmp_path / "hard.pt"}[how]
+    (tmp_path / "sub").mkdir()
+    if how == "symbolic link":
+        output.symlink_to(a)
+    elif how == "hard link":
+        os.link(a, output)
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(tmp_path)
+    status, err = average(["--inputs", a, b, "--output", output], capsys)
+    line = one_error_line(err)
+    assert status == 1 and "is also an input" in line and "nothing was written" in line
+    assert snapshot(tmp_path) == before
+
+
+def test_averaging_onto_a_training_checkpoint_is_refused(tmp_path, capsys):
+    inputs = tmp_path / "run"
+    inputs.mkdir()
+    for update in (10, 20):
+        tiny_checkpoint(inputs / f"checkpoint_1_{update}.pt", seed=update)
+    last = tiny_checkpoint(inputs / "checkpoint_last.pt", last_optimizer_state={"step": 20})
+    before = snapshot(tmp_path)
+    status, err = average(["--inputs", inputs, "--num-update-checkpoints", "2",
+                           "--output", last], capsys)
+    line = one_error_line(err)
+    assert status == 1 and "is a training checkpoint" in line
+    assert snapshot(tmp_path) == before
+    status, _ = average(["--inputs", inputs, "--num-update-checkpoints", "2",
+                         "--output", inputs / "avg.pt"], capsys)
+    assert status == 0 and (inputs / "avg.pt").is_file()
+
+
+def test_the_clash_check_of_the_writing_layer(tmp_path):
+    source = tmp_path / "in.txt"
+    source.write_text("keep me\n", encoding="utf-8")
+    with pytest.raises(UserError, match="is also an input"):
+        atomic_write_text(tmp_path / "." / "in.txt", "new\n", inputs=[source])
+    assert source.read_text(encoding="utf-8") == "keep me\n"
+    refuse_input_clash(tmp_path / "other.txt", [source])  # not a clash: no error
+    refuse_input_clash(tmp_path / "missing.txt", [tmp_path / "missing-too.txt"])
+
+
+def test_scoring_into_its_own_reference_is_refused(tmp_path, capsys):
+    ref = tmp_path / "ref.de"
+    ref.write_text("Ein Hund läuft .\n", encoding="utf-8")
+    before = snapshot(tmp_path)
+    status = run_main(score_translation.main, ["--hyp", str(ref), "--ref", str(ref),
+                                               "--target-lang", "de", "--output-json", str(ref)],
+                      "score_translation.py")
+    line = one_error_line(capsys.readouterr().err)
+    assert status == 1 and "is also an input" in line
+    assert snapshot(tmp_path) == before
+
+
+def test_export_onto_its_input_checkpoint_is_refused(tmp_path):
+    checkpoint = tiny_checkpoint(tmp_path / "checkpoint_avg.pt")
+    before = snapshot(tmp_path)
+    for target in ("fairseq", "ctranslate2"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "user_plugin.export", str(checkpoint), "--data-dir",
+             str(tmp_path), "--to", target, "--output", str(checkpoint)],
+            cwd=REPO, capture_output=True, text=True, check=False,
+            env={**os.environ, "OMP_NUM_THREADS": "1"})
+        line = one_error_line(proc.stderr)
+        assert proc.returncode == 1 and "is also an input" in line, target
+        assert snapshot(tmp_path) == before
