@@ -46,6 +46,7 @@ from user_plugin.files import (  # noqa: E402
     refuse_input_clash,
     run_main,
 )
+from user_plugin.files.text import BYTE_ORDER_MARK  # noqa: E402
 
 #: ``perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'`` on bytes: ASCII whitespace only.
 COMPOUND_HYPHEN = re.compile(r"(\S)-(\S)", re.ASCII)
@@ -143,11 +144,18 @@ def sacrebleu_score(hypotheses: Sequence[str], references: Sequence[str],
     return bleu, str(metric.get_signature())
 
 
+def sentences(path: Path) -> list[str]:
+    """The lines of ``path`` by the line rule, without a byte-order mark at the start of the
+    file or of any line (files joined with ``cat`` keep each one's mark): a mark is not text,
+    and glued to the first word it would make that word differ from the hypothesis'."""
+    return [line.removeprefix(BYTE_ORDER_MARK) for line in iter_lines(path)]
+
+
 def read_pair(hyp: Path, ref: Path) -> tuple[list[str], list[str]]:
     """Hypothesis and reference lines, refusing files whose line counts differ. Only LF ends a
     line (the project's rule, that of ``wc -l`` and the recipes' checks): a stray CR, form
     feed, NEL or U+2028 inside a sentence stays in it, so line N of both files stays a pair."""
-    hypotheses, references = list(iter_lines(hyp)), list(iter_lines(ref))
+    hypotheses, references = sentences(hyp), sentences(ref)
     if len(hypotheses) != len(references):
         raise UserError(f"line counts differ: {hyp} has {len(hypotheses)} lines, {ref} has "
                         f"{len(references)}")

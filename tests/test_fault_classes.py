@@ -122,3 +122,34 @@ def test_export_onto_its_input_checkpoint_is_refused(tmp_path):
         line = one_error_line(proc.stderr)
         assert proc.returncode == 1 and "is also an input" in line, target
         assert snapshot(tmp_path) == before
+
+
+# --------------------------------------------------------------------------------------------
+# Text files as they come: a byte-order mark is not text
+
+
+BOM = "\ufeff"
+
+
+def test_a_reference_starting_with_a_bom_scores_as_without_it(tmp_path):
+    text = "Ein Hund läuft über die Wiese .\nZwei Männer spielen Fußball .\n"
+    plain, marked, joined = tmp_path / "plain.de", tmp_path / "marked.de", tmp_path / "joined.de"
+    plain.write_text(text, encoding="utf-8")
+    marked.write_text(BOM + text, encoding="utf-8")
+    joined.write_text(BOM + text + BOM + text, encoding="utf-8")  # two files joined with cat
+    doubled = tmp_path / "doubled.de"
+    doubled.write_text(text + text, encoding="utf-8")
+    for hyp, ref in ((plain, marked), (marked, marked), (marked, plain), (doubled, joined)):
+        tokenized, sacre, _ = score_translation.score_files(hyp, ref, "de")
+        assert tokenized.score == pytest.approx(100.0), (hyp.name, ref.name)
+        assert sacre.score == pytest.approx(100.0), (hyp.name, ref.name)
+
+
+def test_every_line_reader_drops_a_bom_at_the_start(tmp_path):
+    from user_plugin.files import decode_lines, iter_lines, read_lines
+
+    path = tmp_path / "src.en"
+    path.write_bytes((BOM + "A dog runs .\nTwo men .\n").encode("utf-8"))
+    assert list(iter_lines(path)) == ["A dog runs .", "Two men ."]
+    assert read_lines(path) == ["A dog runs .", "Two men ."]
+    assert decode_lines(path.read_bytes(), "standard input") == ["A dog runs .", "Two men ."]
