@@ -6,7 +6,9 @@
 # there, a marker "<dir>/.done" listing:
 #   id <unique id of this run of the step>
 #   config <sha256 of the settings the step ran with>
-#   upstream <dir> <identity of the input it read: the id of that step's run (input_id)>
+#   upstream <path> <identity of the input it read: the id of that step's run, or the sha256
+#     of a file's content (input_id); the identity is the line's last field, the path may
+#     hold spaces>
 #   output <size in bytes> <path relative to dir>
 # A later run skips the step when the marker exists, the settings are the same, every upstream
 # step is still the run it read from, and every output exists with its recorded size. Otherwise
@@ -97,6 +99,18 @@ file_size() {
   wc -c < "$1" | tr -d ' '
 }
 
+# require_usable_path NAME: die unless the variable NAME (a path; it may be unset) is one the
+# tools can take. Spaces and non-ASCII letters are fine; a line break is not (the step
+# records hold one path a line), nor a colon: fairseq splits data directories and checkpoint
+# lists (--path a:b) at ':'.
+require_usable_path() {
+  local value=${!1-}
+  case "$value" in
+    *$'\n'*) die "$1 must not contain a line break, got '${value//$'\n'/\\n}'" ;;
+    *:*) die "$1 must not contain ':' (fairseq splits its data and checkpoint paths there), got '$value'" ;;
+  esac
+}
+
 # absolute_path PATH: PATH taken from the current directory and normalised (".", "..", "//")
 # without resolving symbolic links, as `cd PATH && pwd` gives it; PATH need not exist.
 absolute_path() {
@@ -156,6 +170,10 @@ start_pair_run() {
 #   RUN_DIR [$WORK_DIR/$MODEL]: one model's run, MODEL base or big [base]: CKPT_DIR (train),
 #     AVG_DIR (average), GEN_DIR (generate), SCORE_DIR (score)
 setup_paths() {
+  local name
+  for name in WORK_DIR DATA_BIN RUN_DIR; do
+    require_usable_path "$name"
+  done
   WORK_DIR=$(absolute_path "${WORK_DIR:-$REPO_DIR/work_dirs/$PAIR_NAME}")
   MODEL=${MODEL:-base}
   case "$MODEL" in
@@ -323,14 +341,16 @@ content_id() {
   } | sha256sum | cut -c1-32 | sed 's/^/content-/'
 }
 
-# input_id DIR: the identity of an input directory: the id of the step run that made it
-# (marker_id), else, for a directory made outside the recipes, its content_id; empty when DIR
-# does not exist.
+# input_id PATH: the identity of an input: for a directory, the id of the step run that made
+# it (marker_id), else, for a directory made outside the recipes, its content_id; for a file
+# (the raw text a step reads), the sha256 of its whole content; empty when PATH does not exist.
 input_id() {
   if [ -f "$1/.done" ]; then
     marker_id "$1"
   elif [ -d "$1" ]; then
     content_id "$1"
+  elif [ -f "$1" ]; then
+    printf 'sha256-%s' "$(sha256sum < "$1" | cut -d' ' -f1)"
   fi
 }
 
@@ -366,7 +386,8 @@ record_inputs_match() {
   local file=$1 upstream i=0
   shift
   local -a recorded=()
-  mapfile -t recorded < <(awk '$1 == "upstream" { print $3 }' "$file")
+  # the identity is the last field: the path before it may hold spaces
+  mapfile -t recorded < <(awk '$1 == "upstream" { print $NF }' "$file")
   if [ "${#recorded[@]}" -ne "$#" ]; then
     echo "it now reads other inputs"
     return 1

@@ -153,3 +153,95 @@ def test_every_line_reader_drops_a_bom_at_the_start(tmp_path):
     assert list(iter_lines(path)) == ["A dog runs .", "Two men ."]
     assert read_lines(path) == ["A dog runs .", "Two men ."]
     assert decode_lines(path.read_bytes(), "standard input") == ["A dog runs .", "Two men ."]
+
+
+# --------------------------------------------------------------------------------------------
+# Paths as users write them: spaces and non-ASCII letters in every directory of the recipes
+
+
+def small_raw_dir(raw: Path, train: int = 400, valid: int = 40, test: int = 30) -> None:
+    """A RAW_DIR of Multi30k slices; the training source and the test reference start with a
+    byte-order mark, as some editors write them."""
+    from conftest import MULTI30K, require_data
+
+    require_data(MULTI30K)
+    raw.mkdir(parents=True)
+    for split, name, count in (("train", "train", train), ("valid", "val", valid),
+                               ("test", "test_2016_flickr", test)):
+        for lang in ("en", "de"):
+            lines = (MULTI30K / f"{name}.{lang}").read_text(encoding="utf-8").splitlines()
+            mark = BOM if (split, lang) in {("train", "en"), ("test", "de")} else ""
+            (raw / f"{split}.{lang}").write_text(mark + "\n".join(lines[:count]) + "\n",
+                                                 encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def spaced_chain(tmp_path_factory):
+    """The whole EN-DE chain (prepare -> score) with a space and a non-ASCII letter in RAW_DIR,
+    WORK_DIR (hence the data-bin, the run, the save dir) and a tiny model, 20 updates."""
+    from test_recipes import TINY_MODEL_ARGS, generation_task, recipe_env
+
+    root = tmp_path_factory.mktemp("paths") / "my rüns" / "wmt14 ende"
+    small_raw_dir(root / "raw dätä")
+    env = recipe_env(
+        RAW_DIR=root / "raw dätä", WORK_DIR=root / "wörk dir", BPE_OPS=200, DEVICE="cpu",
+        MAX_UPDATE=20, WARMUP_UPDATES=10, MAX_TOKENS=2048, TOKENS_PER_STEP=2048,
+        SAVE_INTERVAL_UPDATES=10, AVERAGE_LAST=2, LOG_INTERVAL=10, WORKERS=1,
+        EXTRA_ARGS=TINY_MODEL_ARGS, TASK=generation_task(), TENSORBOARD_DIR="none")
+    return root, env
+
+
+def test_the_recipe_chain_runs_with_spaces_and_non_ascii_letters_and_a_rerun_skips_all(
+        spaced_chain):
+    from test_recipes import RUN_ALL, STEPS, output_mtimes, run_script
+
+    root, env = spaced_chain
+    run_script(RUN_ALL, env, "wmt14_en_de", timeout=900)
+    work = root / "wörk dir"
+    dirs = [work / d for d in ("prepared", "data-bin", "base/checkpoints", "base/average",
+                               "base/generate", "base/score")]
+    for step_dir in dirs:
+        assert (step_dir / ".done").is_file(), step_dir
+    assert "upstream " + str(work / "prepared") + " " in (work / "data-bin/.done").read_text()
+    prepared = work / "prepared"
+    assert not (prepared / "train.en").read_text(encoding="utf-8").startswith(BOM)
+    scores = (work / "base/score/bleu.json").read_text(encoding="utf-8")
+    assert '"num_sentences": 30' in scores
+    before = {d: output_mtimes(d) for d in dirs}
+    result = run_script(RUN_ALL, env, "wmt14_en_de")
+    assert result.stderr.count("skipping") == len(STEPS), result.stderr
+    assert {d: output_mtimes(d) for d in dirs} == before
+
+
+def test_prepare_notices_an_edited_raw_file_by_its_content(spaced_chain):
+    from test_recipes import run_script, step_script
+
+    root, env = spaced_chain
+    prepared = root / "wörk dir" / "prepared"
+    reference = root / "raw dätä" / "test.de"
+    text = reference.read_text(encoding="utf-8")
+    edited = text.replace("Ein", "Eine", 1)
+    assert len(edited.encode()) != len(text.encode()) or edited != text
+    size = reference.stat().st_size
+    edited = text.replace("ein", "EIN", 1)  # same size, other content
+    assert len(edited.encode("utf-8")) == size
+    reference.write_text(edited, encoding="utf-8")
+    result = run_script(step_script("prepare"), env, "wmt14_en_de")
+    assert f"its input {reference} was redone or changed" in result.stderr
+    assert (prepared / "test.ref.de").read_text(encoding="utf-8").removeprefix(BOM) == \
+        edited.removeprefix(BOM)
+    result = run_script(step_script("prepare"), env, "wmt14_en_de")
+    assert "already done" in result.stderr
+
+
+@pytest.mark.parametrize("name, value, words", [
+    ("WORK_DIR", "/tmp/a:b", "must not contain ':'"),
+    ("DATA_BIN", "/tmp/x\ny", "must not contain a line break"),
+])
+def test_paths_fairseq_cannot_take_are_refused_in_one_line(name, value, words):
+    from test_recipes import recipe_env, run_script, step_script
+
+    env = recipe_env(**{name: value})
+    result = run_script(step_script("binarize"), env, "wmt14_en_de", check=False)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert f"{name} {words}" in result.stderr
