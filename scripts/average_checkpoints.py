@@ -16,7 +16,10 @@ own, with the same command line::
 
 How it averages: checkpoints are read one at a time (only one is in memory beside the running
 float64 sum); each must have the same parameter names and shapes as the first (otherwise it is
-refused as another architecture or vocabulary, naming the parameter and both files). Floating
+refused as another architecture or vocabulary, naming the parameter and both files) and the same
+training fingerprint (``user_plugin.files.fingerprint``: dictionaries of the same token order,
+the same language direction; otherwise refused, naming both fingerprints). Checkpoints without
+a fingerprint (older ones) are averaged with one note line saying they cannot be checked. Floating
 point tensors are summed in float64 and the mean is cast back to each tensor's dtype; integer and
 boolean buffers are not parameters and must agree across checkpoints. Tensors tied in the first
 checkpoint (shared embeddings, §3.4) stay tied in the output. The output keeps the non-parameter
@@ -53,6 +56,12 @@ from user_plugin.files import (  # noqa: E402
     refuse_input_clash,
     run_main,
     save_checkpoint,
+)
+from user_plugin.files.fingerprint import KEY as FINGERPRINT_KEY  # noqa: E402
+from user_plugin.files.fingerprint import (  # noqa: E402
+    fingerprint_mismatch,
+    missing_note,
+    stored_fingerprint,
 )
 
 UPDATE_CHECKPOINT = re.compile(r"checkpoint_(\d+)_(\d+)\.pt")
@@ -153,6 +162,7 @@ def average_checkpoints(paths: Sequence[Path]) -> dict:
     :class:`UserError` (one line naming the file) on any unreadable or mismatched checkpoint.
     """
     paths = [Path(path) for path in paths]
+    first_known = paths[0] if paths else None
     if not paths:
         raise UserError("no checkpoints to average")
     seen: dict[Path, Path] = {}
@@ -183,9 +193,22 @@ def average_checkpoints(paths: Sequence[Path]) -> dict:
         for field in DROPPED_EXTRA_FIELDS:
             state["extra_state"].pop(field, None)
 
+    trained_on = stored_fingerprint(state)
+    unknown = [] if trained_on is not None else [first]
     for path in paths[1:]:
-        other = load_checkpoint(path)["model"]
+        other_state = load_checkpoint(path)
+        other = other_state.pop("model")
         _check_same_layout(key_order, reference, other, first, path)
+        found = stored_fingerprint(other_state)
+        del other_state
+        if found is None:
+            unknown.append(path)
+        elif trained_on is None:
+            trained_on, first_known = found, path
+        else:
+            mismatch = fingerprint_mismatch(trained_on, found, str(first_known), str(path))
+            if mismatch is not None:
+                raise UserError(f"cannot average: {mismatch}")
         for key in key_order:
             tensor = other[key]
             if canonical[key] != key:
@@ -213,6 +236,10 @@ def average_checkpoints(paths: Sequence[Path]) -> dict:
             averaged[key] = sums.pop(key)
     state["model"] = averaged
     state["averaged_from"] = [path.name for path in paths]
+    if trained_on is not None:
+        state[FINGERPRINT_KEY] = trained_on
+    if unknown:
+        print(missing_note(unknown), file=sys.stderr, flush=True)
     return state
 
 

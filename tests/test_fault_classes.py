@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -245,3 +246,147 @@ def test_paths_fairseq_cannot_take_are_refused_in_one_line(name, value, words):
     result = run_script(step_script("binarize"), env, "wmt14_en_de", check=False)
     assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
     assert f"{name} {words}" in result.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# Identity by content: the training fingerprint in every checkpoint
+
+
+def fingerprint_of(order: list[str], source: str = "en", target: str = "de") -> dict:
+    from user_plugin.files.fingerprint import fingerprint
+
+    return fingerprint(source, target, order, order)
+
+
+WORDS = ["<s>", "<pad>", "</s>", "<unk>", *[f"w{i}" for i in range(16)]]
+REORDERED = [*WORDS[:4], WORDS[5], WORDS[4], *WORDS[6:]]  # same size, two tokens swapped
+
+
+@pytest.mark.parametrize("other", ["reordered", "swapped"])
+def test_averaging_refuses_checkpoints_of_other_training_data(other, tmp_path, capsys):
+    from user_plugin.files.fingerprint import KEY, describe
+
+    mine = fingerprint_of(WORDS)
+    theirs = fingerprint_of(REORDERED) if other == "reordered" else \
+        fingerprint_of(WORDS, "de", "en")
+    a = tiny_checkpoint(tmp_path / "a.pt", seed=1, **{KEY: mine})
+    b = tiny_checkpoint(tmp_path / "b.pt", seed=2, **{KEY: theirs})
+    before = snapshot(tmp_path)
+    status, err = average(["--inputs", a, b, "--output", tmp_path / "avg.pt"], capsys)
+    line = one_error_line(err)
+    assert status == 1 and describe(mine) in line and describe(theirs) in line
+    assert snapshot(tmp_path) == before
+
+
+def test_averaging_keeps_a_matching_fingerprint_and_notes_a_missing_one(tmp_path, capsys):
+    from user_plugin.files.fingerprint import KEY
+
+    mine = fingerprint_of(WORDS)
+    a = tiny_checkpoint(tmp_path / "a.pt", seed=1, **{KEY: mine})
+    b = tiny_checkpoint(tmp_path / "b.pt", seed=2, **{KEY: mine})
+    old = tiny_checkpoint(tmp_path / "old.pt", seed=3)
+    status, err = average(["--inputs", a, b, "--output", tmp_path / "ab.pt"], capsys)
+    assert status == 0 and "note" not in err
+    assert torch.load(tmp_path / "ab.pt", weights_only=True)[KEY] == mine
+    status, err = average(["--inputs", a, old, "--output", tmp_path / "a-old.pt"], capsys)
+    notes = [line for line in err.splitlines() if line.startswith("note:")]
+    assert status == 0 and len(notes) == 1 and str(old) in notes[0]
+    assert "cannot be checked" in notes[0]
+
+
+def run_cli(tool: str, args: list) -> subprocess.CompletedProcess:
+    from cli import fairseq_env
+
+    return subprocess.run([sys.executable, "-m", f"fairseq_cli.{tool}", *map(str, args)],
+                          cwd=REPO, env=fairseq_env(), capture_output=True, text=True,
+                          timeout=600, check=False)
+
+
+def reordered_data_bin(data_bin: Path, destination: Path) -> Path:
+    """A copy of a joined-dictionary data-bin whose dictionaries hold the same tokens in
+    another order (two entries swapped): same size, so the same tensor shapes."""
+    shutil.copytree(data_bin, destination)
+    for lang in ("en", "de"):
+        path = destination / f"dict.{lang}.txt"
+        lines = path.read_text(encoding="utf-8").splitlines()
+        lines[10], lines[11] = lines[11], lines[10]
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return destination
+
+
+def error_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if ": error: " in line]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert len(lines) == 1, stderr[-3000:]
+    return lines[0]
+
+
+def test_checkpoints_store_the_training_fingerprint(trained_multi30k):
+    from user_plugin.files.fingerprint import KEY, dictionary_sha256
+
+    state = torch.load(trained_multi30k.checkpoint_dir / "checkpoint_last.pt",
+                       weights_only=True, map_location="cpu")
+    symbols = ["<s>", "<pad>", "</s>", "<unk>"] + [
+        line.rsplit(" ", 1)[0] for line in
+        (trained_multi30k.data_bin / "dict.en.txt").read_text(encoding="utf-8").splitlines()]
+    stored = state[KEY]
+    assert (stored["source_lang"], stored["target_lang"]) == ("en", "de")
+    assert stored["source_dictionary"] == stored["target_dictionary"]
+    assert stored["source_dictionary"] == dictionary_sha256(symbols)
+
+
+@pytest.mark.parametrize("change", ["reordered dictionary", "swapped languages"])
+def test_resuming_on_other_training_data_is_refused_naming_both_fingerprints(
+        change, trained_multi30k, tmp_path):
+    from user_plugin.files.fingerprint import KEY, describe
+
+    save_dir = tmp_path / "checkpoints"
+    shutil.copytree(trained_multi30k.checkpoint_dir, save_dir,
+                    ignore=shutil.ignore_patterns("*.lock"))
+    args = list(trained_multi30k.train_args)
+    args[args.index("--save-dir") + 1] = str(save_dir)
+    args[args.index("--max-update") + 1] = "80"
+    if change == "reordered dictionary":
+        args[0] = str(reordered_data_bin(trained_multi30k.data_bin, tmp_path / "reordered"))
+    else:
+        args += ["--source-lang", "de", "--target-lang", "en"]
+    before = snapshot(save_dir)
+    proc = run_cli("train", args)
+    assert proc.returncode == 1
+    line = error_line(proc.stderr)
+    stored = torch.load(save_dir / "checkpoint_last.pt", weights_only=True)[KEY]
+    assert "cannot resume" in line and describe(stored) in line
+    assert ("another language direction" if change == "swapped languages"
+            else "other dictionaries") in line
+    assert {k: v for k, v in snapshot(save_dir).items() if "lock" not in k} == \
+        {k: v for k, v in before.items() if "lock" not in k}
+
+
+def test_generate_refuses_mismatched_ensembles_and_dictionaries_and_notes_old_checkpoints(
+        trained_multi30k, tmp_path):
+    from user_plugin.files.fingerprint import KEY
+
+    checkpoints = trained_multi30k.checkpoint_dir
+    last = checkpoints / "checkpoint_last.pt"
+    state = torch.load(last, weights_only=True, map_location="cpu")
+    other = tmp_path / "other.pt"
+    torch.save({**state, KEY: {**state[KEY], "target_dictionary": "0" * 64}}, other)
+    old = tmp_path / "old.pt"
+    torch.save({key: value for key, value in state.items() if key != KEY}, old)
+    common = ["--user-dir", "user_plugin", "--cpu", "--gen-subset", "test", "--beam", "1",
+              "--max-tokens", "4000", "--max-len-b", "5", "--max-len-a", "0",
+              "--skip-invalid-size-inputs-valid-test"]
+    proc = run_cli("generate", [trained_multi30k.data_bin, "--path", f"{last}:{other}",
+                                *common])
+    line = error_line(proc.stderr)
+    assert proc.returncode != 0 and "cannot be used together" in line and str(other) in line
+    reordered = reordered_data_bin(trained_multi30k.data_bin, tmp_path / "reordered")
+    proc = run_cli("generate", [reordered, "--path", last, *common])
+    line = error_line(proc.stderr)
+    assert proc.returncode != 0 and "another token order" in line
+    proc = run_cli("generate", [trained_multi30k.data_bin, "--path", f"{last}:{last}", *common])
+    assert proc.returncode == 0 and "cannot be checked" not in proc.stderr, proc.stderr[-2000:]
+    proc = run_cli("generate", [trained_multi30k.data_bin, "--path", old, *common])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    notes = [line for line in proc.stderr.splitlines() if "cannot be checked" in line]
+    assert len(notes) == 1 and str(old) in notes[0]
