@@ -390,3 +390,99 @@ def test_generate_refuses_mismatched_ensembles_and_dictionaries_and_notes_old_ch
     assert proc.returncode == 0, proc.stderr[-2000:]
     notes = [line for line in proc.stderr.splitlines() if "cannot be checked" in line]
     assert len(notes) == 1 and str(old) in notes[0]
+
+
+# --------------------------------------------------------------------------------------------
+# One line, and the right cause
+
+
+def train_into(trained, save_dir: Path, *extra: str) -> list:
+    args = list(trained.train_args)
+    args[args.index("--save-dir") + 1] = str(save_dir)
+    args[args.index("--max-update") + 1] = "80"
+    return [*args, *extra]
+
+
+def test_max_tokens_below_the_longest_sentence_is_one_line(trained_multi30k, tmp_path):
+    args = train_into(trained_multi30k, tmp_path / "checkpoints")
+    args[args.index("--max-tokens") + 1] = "10"
+    proc = run_cli("train", args)
+    line = error_line(proc.stderr)
+    assert proc.returncode == 1 and "a sentence is longer than --max-tokens 10" in line
+    assert not list((tmp_path / "checkpoints").glob("*.pt"))
+
+
+def test_resuming_with_another_layout_is_one_line_and_changes_nothing(trained_multi30k,
+                                                                      tmp_path):
+    save_dir = tmp_path / "checkpoints"
+    shutil.copytree(trained_multi30k.checkpoint_dir, save_dir,
+                    ignore=shutil.ignore_patterns("*.lock"))
+    before = snapshot(save_dir)
+    proc = run_cli("train", train_into(trained_multi30k, save_dir, "--encoder-normalize-before"))
+    line = error_line(proc.stderr)
+    assert proc.returncode == 1 and proc.stderr.count("Traceback") == 0
+    assert "its parameters do not fit" in line and "encoder.layer_norm.weight" in line
+    assert str(save_dir / "checkpoint_last.pt") in line and "--encoder-normalize-before" in line
+    assert {k: v for k, v in snapshot(save_dir).items() if "lock" not in k} == \
+        {k: v for k, v in before.items() if "lock" not in k}
+
+
+@pytest.mark.parametrize("data, words", [
+    ("fr", "has no dict.fr.txt: it holds no fr data (its dictionaries' languages: de, en)"),
+    ("missing", "no such file or directory"),
+])
+def test_data_the_command_cannot_find_is_one_line(data, words, trained_multi30k, tmp_path):
+    args = train_into(trained_multi30k, tmp_path / "checkpoints")
+    if data == "fr":
+        args += ["--source-lang", "en", "--target-lang", "fr"]
+    else:
+        args[0] = str(tmp_path / "no-such-data-bin")
+    proc = run_cli("train", args)
+    assert proc.returncode == 1 and words in error_line(proc.stderr)
+
+
+@pytest.mark.parametrize("damage, words", [
+    ("empty", "dict.de.txt: an empty dictionary"),
+    ("cut at a line end", "dict.de.txt: holds only the first 100 of the"),
+    ("cut inside a line", "dict.de.txt: line 101 is not '<token> <count>' (the file is cut?)"),
+])
+def test_an_empty_or_cut_dictionary_is_named_as_such(damage, words, trained_multi30k, tmp_path):
+    data = tmp_path / "data-bin"
+    shutil.copytree(trained_multi30k.data_bin, data)
+    path = data / "dict.de.txt"
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    path.write_text({"empty": "", "cut at a line end": "".join(lines[:100]),
+                     "cut inside a line": "".join(lines[:100]) + lines[100].split(" ")[0]
+                     }[damage], encoding="utf-8")
+    proc = run_cli("generate", [data, "--user-dir", "user_plugin", "--task",
+                                "vaswani_translation", "--path",
+                                trained_multi30k.checkpoint_dir / "checkpoint_last.pt", "--cpu",
+                                "--max-tokens", "2000"])
+    line = error_line(proc.stderr)
+    assert proc.returncode != 0 and words in line and "joined dictionary" not in line
+
+
+def test_hub_beam_0_blames_the_beam(trained_multi30k):
+    proc = subprocess.run([sys.executable, "-m", "user_plugin.hub",
+                           str(trained_multi30k.checkpoint_dir), "--beam", "0"],
+                          cwd=REPO, input="", capture_output=True, text=True, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "argument --beam: must be >= 1, got 0" in proc.stderr and "nbest" not in \
+        proc.stderr.splitlines()[-1]
+
+
+def test_export_refuses_bpe_codes_that_do_not_fit_the_dictionaries(trained_multi30k, tmp_path):
+    codes = tmp_path / "codes"
+    lines = ["#version: 0.2", *[f"q{i} z{i}</w>" for i in range(50)]]
+    codes.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    output = tmp_path / "export"
+    proc = subprocess.run(
+        [sys.executable, "-m", "user_plugin.export",
+         str(trained_multi30k.checkpoint_dir / "checkpoint_last.pt"), "--data-dir",
+         str(trained_multi30k.data_bin), "--to", "ctranslate2", "--output", str(output),
+         "--bpe-codes", str(codes)],
+        cwd=REPO, capture_output=True, text=True, check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    line = one_error_line(proc.stderr.split("\n", 1)[1])  # after "exporting ..."
+    assert proc.returncode == 1 and "only 0 of the 50 subwords" in line
+    assert not output.exists()

@@ -71,16 +71,20 @@ def file_error(path: str | os.PathLike, error: OSError | UnicodeDecodeError, wri
 def install_one_line_errors() -> None:
     """Report a :class:`UserError` that nothing caught as ``prog: error: ...`` (one line,
     exit status 1) instead of a traceback, in any command that imported the plugin (fairseq's
-    ``fairseq-train``, ``fairseq-generate``...). Other exceptions keep the current hook.
-    Idempotent."""
+    ``fairseq-train``, ``fairseq-generate``...), and likewise the errors fairseq raises on bad
+    input that :func:`~user_plugin.files.known_errors.one_line_cause` recognises. Other
+    exceptions keep the current hook. Idempotent."""
     previous = sys.excepthook
     if getattr(previous, "one_line_user_errors", False):
         return
 
     def hook(kind, error, traceback) -> None:
-        if isinstance(error, UserError):
+        from .known_errors import one_line_cause
+
+        line = str(error) if isinstance(error, UserError) else one_line_cause(error)
+        if line is not None:
             prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
-            print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
+            print(f"{prog}: error: {line}", file=sys.stderr, flush=True)
         else:
             previous(kind, error, traceback)
 

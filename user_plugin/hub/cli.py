@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Sequence
 from typing import IO
 
-from ..files.errors import UserError, file_error
+from ..files.errors import UserError, file_error, int_at_least
 from ..files.text import decode_lines, split_lines
 from .loader import load_translator
 
@@ -46,10 +46,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--target-lang")
     parser.add_argument("--bpe-codes")
     parser.add_argument("--sentencepiece-model")
-    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--beam", type=int_at_least(1), default=4)
     parser.add_argument("--lenpen", type=float, default=0.6)
-    parser.add_argument("--nbest", type=int, default=1)
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--nbest", type=int_at_least(1), default=1)
+    parser.add_argument("--batch-size", type=int_at_least(1), default=64)
     parser.add_argument("--constraints", nargs="?", const="ordered",
                         choices=("ordered", "unordered"),
                         help="input lines are source<TAB>phrase<TAB>...; the translation "
