@@ -187,6 +187,45 @@ setup_paths() {
   AVG_DIR="$RUN_DIR/average"
   GEN_DIR="$RUN_DIR/generate"
   SCORE_DIR="$RUN_DIR/score"
+  check_step_dirs
+}
+
+# is_within PATH DIR: PATH is DIR or lies below it (both absolute and normalised).
+is_within() {
+  [ "$1" = "$2" ] || [ "$2" = / ] || [[ "$1" == "$2"/* ]]
+}
+
+# check_step_dirs: die unless the step directories are apart: a step empties its directory
+# when it is redone, so none may be, or hold, another step's directory, the raw text
+# (RAW_DIR), WORK_DIR, the repository or the home directory (DATA_BIN=$WORK_DIR would empty
+# the whole work directory at the binarize step).
+check_step_dirs() {
+  local name other i
+  local -a steps=(PREP_DIR BIN_DIR CKPT_DIR AVG_DIR GEN_DIR SCORE_DIR)
+  local -a kept=(WORK_DIR "the repository") kept_paths=("$WORK_DIR" "$REPO_DIR")
+  if [ -n "${RAW_DIR:-}" ]; then kept+=(RAW_DIR); kept_paths+=("$(absolute_path "$RAW_DIR")"); fi
+  if [ -n "${HOME:-}" ]; then kept+=(HOME); kept_paths+=("$(absolute_path "$HOME")"); fi
+  for name in "${steps[@]}"; do
+    for other in "${steps[@]}"; do
+      [ "$name" != "$other" ] || continue
+      if is_within "${!other}" "${!name}"; then
+        die "the $(step_of "$name") step's directory ${!name} holds the $(step_of "$other") step's ${!other}: choose DATA_BIN, RUN_DIR, WORK_DIR and RAW_DIR apart"
+      fi
+    done
+    for i in "${!kept[@]}"; do
+      if is_within "${kept_paths[i]}" "${!name}"; then
+        die "the $(step_of "$name") step's directory ${!name} holds ${kept[i]} (${kept_paths[i]}), which it would empty when redone: choose DATA_BIN, RUN_DIR, WORK_DIR and RAW_DIR apart"
+      fi
+    done
+  done
+}
+
+# step_of NAME: the step that owns the directory variable NAME.
+step_of() {
+  case "$1" in
+    PREP_DIR) echo prepare ;; BIN_DIR) echo binarize ;; CKPT_DIR) echo train ;;
+    AVG_DIR) echo average ;; GEN_DIR) echo generate ;; *) echo score ;;
+  esac
 }
 
 # require_data_bin DIR [SUBSET...]: die unless DIR holds fairseq-preprocess output of

@@ -55,6 +55,7 @@ from user_plugin.files import (  # noqa: E402
     read_checkpoint,
     refuse_input_clash,
     run_main,
+    same_file,
     save_checkpoint,
 )
 from user_plugin.files.fingerprint import KEY as FINGERPRINT_KEY  # noqa: E402
@@ -165,12 +166,10 @@ def average_checkpoints(paths: Sequence[Path]) -> dict:
     first_known = paths[0] if paths else None
     if not paths:
         raise UserError("no checkpoints to average")
-    seen: dict[Path, Path] = {}
-    for path in paths:
-        resolved = path.resolve()
-        if resolved in seen:
-            raise UserError(f"{path}: given twice (also as {seen[resolved]})")
-        seen[resolved] = path
+    for index, path in enumerate(paths):
+        for earlier in paths[:index]:
+            if same_file(path, earlier):  # the same path, a symbolic or a hard link
+                raise UserError(f"{path}: given twice (also as {earlier})")
 
     first = paths[0]
     state = load_checkpoint(first)

@@ -88,9 +88,11 @@ def raise_usage(message: str) -> None:
 
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
+    from pathlib import Path
+
     from ..files.atomic import refuse_input_clash
 
-    refuse_input_clash(args.output, [args.checkpoint])
+    refuse_input_clash(args.output, [args.checkpoint, *Path(args.data_dir).glob("dict.*.txt")])
     print(f"exporting {args.checkpoint} to {args.to} ({args.output})", file=sys.stderr)
     print(export(args), file=sys.stderr)
     return 0

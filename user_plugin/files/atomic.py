@@ -130,6 +130,8 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None],
     refused before anything is written (:func:`refuse_input_clash`).
     """
     refuse_input_clash(path, inputs)
+    if not os.fspath(path).strip() or Path(path).name in ("", ".", ".."):
+        raise UserError(f"{os.fspath(path)!r}: not a file name to write to")
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
     try:

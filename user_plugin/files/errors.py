@@ -9,6 +9,7 @@ the one place where operating-system and decoding errors about a path become suc
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -90,6 +91,15 @@ def install_one_line_errors() -> None:
 
     hook.one_line_user_errors = True  # type: ignore[attr-defined]
     sys.excepthook = hook
+
+
+def finite_float(text: str) -> float:
+    """An argparse ``type`` for finite numbers: ``nan`` and ``inf`` are argparse's usage
+    error naming the option, not a value that silently changes every result."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
 
 
 def int_at_least(minimum: int) -> Callable[[str], int]:

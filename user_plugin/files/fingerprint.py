@@ -104,7 +104,8 @@ def dictionary_mismatch(expected: Mapping[str, str], found: Mapping[str, str],
     for lang in sorted(mine.keys() & theirs.keys()):
         if mine[lang] != theirs[lang]:
             return (f"{found_name} was trained on {describe(found)} but {expected_name} is "
-                    f"{describe(expected)}: the {lang} dictionary has another token order")
+                    f"{describe(expected)}: the {lang} dictionary differs (other tokens, or the "
+                    "same in another order)")
     return None
 
 

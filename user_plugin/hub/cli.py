@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Sequence
 from typing import IO
 
-from ..files.errors import UserError, file_error, int_at_least
+from ..files.errors import UserError, file_error, finite_float, int_at_least
 from ..files.text import decode_lines, split_lines
 from .loader import load_translator
 
@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--bpe-codes")
     parser.add_argument("--sentencepiece-model")
     parser.add_argument("--beam", type=int_at_least(1), default=4)
-    parser.add_argument("--lenpen", type=float, default=0.6)
+    parser.add_argument("--lenpen", type=finite_float, default=0.6)
     parser.add_argument("--nbest", type=int_at_least(1), default=1)
     parser.add_argument("--batch-size", type=int_at_least(1), default=64)
     parser.add_argument("--constraints", nargs="?", const="ordered",
@@ -57,8 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sampling", action="store_true",
                         help="sample --nbest translations instead of beam search")
     parser.add_argument("--sampling-topk", type=int, default=-1)
-    parser.add_argument("--sampling-topp", type=float, default=-1.0)
-    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--sampling-topp", type=finite_float, default=-1.0)
+    parser.add_argument("--temperature", type=finite_float, default=1.0)
     parser.add_argument("--seed", type=int, help="makes sampling repeatable")
     parser.add_argument("--backend", choices=("fairseq", "ctranslate2"), default="fairseq",
                         help="ctranslate2: MODEL_DIR is an export of python -m "
