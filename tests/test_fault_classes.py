@@ -486,3 +486,90 @@ def test_export_refuses_bpe_codes_that_do_not_fit_the_dictionaries(trained_multi
     line = one_error_line(proc.stderr.split("\n", 1)[1])  # after "exporting ..."
     assert proc.returncode == 1 and "only 0 of the 50 subwords" in line
     assert not output.exists()
+
+
+# --------------------------------------------------------------------------------------------
+# Cases of the adversarial round (docs/faults.md lists them all)
+
+
+@pytest.mark.parametrize("setting", [
+    {"DATA_BIN": "{work}"}, {"DATA_BIN": "/"}, {"DATA_BIN": "{work}/prepared"},
+    {"RAW_DIR": "{work}/prepared"}, {"RUN_DIR": "{work}/prepared"}, {"DATA_BIN": "{home}"},
+])
+def test_a_step_directory_that_holds_other_work_is_refused_and_nothing_is_removed(setting,
+                                                                                  tmp_path):
+    from test_recipes import recipe_env, run_script, step_script
+
+    work, home = tmp_path / "work", tmp_path / "home"
+    (work / "prepared").mkdir(parents=True)
+    home.mkdir()
+    (work / "prepared" / "keep.txt").write_text("prepared text\n", encoding="utf-8")
+    (home / "notes.txt").write_text("mine\n", encoding="utf-8")
+    env = recipe_env(WORK_DIR=work, HOME=home, **{
+        name: value.format(work=work, home=home) for name, value in setting.items()})
+    before = snapshot(tmp_path)
+    for step in ("prepare", "binarize"):
+        result = run_script(step_script(step), env, "wmt14_en_de", check=False)
+        assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+        assert "choose DATA_BIN, RUN_DIR, WORK_DIR and RAW_DIR apart" in result.stderr
+    assert snapshot(tmp_path) == before
+
+
+def test_max_update_0_is_refused(tmp_path):
+    from test_recipes import recipe_env, run_script, step_script
+
+    result = run_script(step_script("train"), recipe_env(WORK_DIR=tmp_path, MAX_UPDATE=0),
+                        "wmt14_en_de", check=False)
+    assert result.returncode == 1 and "MAX_UPDATE must be positive" in result.stderr
+
+
+def test_averaging_one_checkpoint_twice_through_a_hard_link_is_refused(tmp_path, capsys):
+    a = tiny_checkpoint(tmp_path / "a.pt")
+    os.link(a, tmp_path / "same.pt")
+    status, err = average(["--inputs", a, tmp_path / "same.pt", "--output", tmp_path / "o.pt"],
+                          capsys)
+    assert status == 1 and "given twice" in one_error_line(err)
+    assert not (tmp_path / "o.pt").exists()
+
+
+def test_an_empty_output_name_is_refused(tmp_path, capsys):
+    a, b = tiny_checkpoint(tmp_path / "a.pt", seed=1), tiny_checkpoint(tmp_path / "b.pt", seed=2)
+    before = snapshot(tmp_path)
+    status, err = average(["--inputs", a, b, "--output", ""], capsys)
+    assert status == 1 and "not a file name to write to" in one_error_line(err)
+    assert snapshot(tmp_path) == before
+
+
+def test_prepare_text_never_writes_over_its_input(tmp_path):
+    text = tmp_path / "train.de"
+    text.write_text("Ein  Hund „läuft“ .\n", encoding="utf-8")
+    before = snapshot(tmp_path)
+    for command in (["normalize", "--lang", "de", text, text],
+                    ["detokenize", "--lang", "de", text, text]):
+        proc = subprocess.run([sys.executable, str(REPO / "scripts/prepare_text.py"),
+                               *map(str, command)], capture_output=True, text=True, check=False)
+        assert proc.returncode == 1 and "is also an input" in one_error_line(proc.stderr)
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("option", ["--lenpen", "--temperature", "--sampling-topp"])
+def test_hub_refuses_numbers_that_are_not_finite(option, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "user_plugin.hub", str(tmp_path), option,
+                           "nan"], cwd=REPO, input="", capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 2 and f"argument {option}: must be a finite number" in proc.stderr
+
+
+def test_export_never_writes_over_a_dictionary_it_reads(tmp_path):
+    checkpoint = tiny_checkpoint(tmp_path / "checkpoint.pt")
+    data = tmp_path / "data-bin"
+    data.mkdir()
+    (data / "dict.en.txt").write_text("a 1\n", encoding="utf-8")
+    before = snapshot(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "user_plugin.export", str(checkpoint), "--data-dir", str(data),
+         "--to", "fairseq", "--output", str(data / "dict.en.txt")],
+        cwd=REPO, capture_output=True, text=True, check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 1 and "is also an input" in one_error_line(proc.stderr)
+    assert snapshot(tmp_path) == before

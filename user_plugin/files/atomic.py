@@ -90,7 +90,10 @@ def refuse_input_clash(output: str | os.PathLike,
                        inputs: Sequence[str | os.PathLike]) -> None:
     """Raise a one-line :class:`UserError` when ``output`` names one of ``inputs`` (by
     :func:`same_file`): an output never replaces an input. Called by every atomic write given
-    its inputs, before anything is written, and by commands before their work starts."""
+    its inputs, before anything is written, and by commands before their work starts. An
+    ``output`` that names no file (empty, ``.``, ``..``) is refused likewise."""
+    if not os.fspath(output).strip() or Path(output).name in ("", ".", ".."):
+        raise UserError(f"{os.fspath(output)!r}: not a file name to write to")
     for source in inputs:
         if same_file(output, source):
             also = "" if os.fspath(output) == os.fspath(source) else f" (as {source})"
@@ -130,8 +133,6 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None],
     refused before anything is written (:func:`refuse_input_clash`).
     """
     refuse_input_clash(path, inputs)
-    if not os.fspath(path).strip() or Path(path).name in ("", ".", ".."):
-        raise UserError(f"{os.fspath(path)!r}: not a file name to write to")
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
     try:
