@@ -573,3 +573,13 @@ def test_export_never_writes_over_a_dictionary_it_reads(tmp_path):
         env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 1 and "is also an input" in one_error_line(proc.stderr)
     assert snapshot(tmp_path) == before
+
+
+def test_one_language_given_alone_is_refused_by_the_papers_task(trained_multi30k):
+    proc = run_cli("generate", [trained_multi30k.data_bin, "--user-dir", "user_plugin",
+                                "--task", "vaswani_translation", "--target-lang", "fr",
+                                "--path", trained_multi30k.checkpoint_dir / "checkpoint_last.pt",
+                                "--cpu", "--max-tokens", "2000"])
+    line = error_line(proc.stderr)
+    assert proc.returncode != 0 and "--target-lang fr was given alone" in line
+    assert "holds en-de data" in line

@@ -155,8 +155,17 @@ class VaswaniTranslationTask(TranslationTask):
 
     @classmethod
     def setup_task(cls, cfg, **kwargs):
-        """fairseq's, then a check that neither dictionary is a cut copy of the other."""
+        """fairseq's, then checks that the languages are those given (fairseq replaces both
+        by the data directory's pair when only one is given) and that neither dictionary is a
+        cut copy of the other."""
+        given = (cfg.source_lang, cfg.target_lang)
         task = super().setup_task(cfg, **kwargs)
+        for option, wanted, got in zip(("--source-lang", "--target-lang"), given,
+                                       (cfg.source_lang, cfg.target_lang)):
+            if wanted is not None and wanted != got:
+                raise UserError(f"{option} {wanted} was given alone, and {cfg.data} holds "
+                                f"{cfg.source_lang}-{cfg.target_lang} data: give both "
+                                "--source-lang and --target-lang")
         data = str(cfg.data).split(os.pathsep)[0]
         problem = cut_dictionary_problem(
             (os.path.join(data, f"dict.{cfg.source_lang}.txt"),
