@@ -583,3 +583,17 @@ def test_one_language_given_alone_is_refused_by_the_papers_task(trained_multi30k
     line = error_line(proc.stderr)
     assert proc.returncode != 0 and "--target-lang fr was given alone" in line
     assert "holds en-de data" in line
+
+
+def test_hub_refuses_a_top_p_that_is_no_probability(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "user_plugin.hub", str(tmp_path), "--sampling",
+                           "--sampling-topp", "2"], cwd=REPO, input="", capture_output=True,
+                          text=True, check=False)
+    assert proc.returncode == 2 and "argument --sampling-topp: must be in (0, 1]" in proc.stderr
+
+
+def test_generate_given_a_directory_as_checkpoint_is_one_line(trained_multi30k):
+    proc = run_cli("generate", [trained_multi30k.data_bin, "--user-dir", "user_plugin",
+                                "--path", trained_multi30k.checkpoint_dir, "--cpu"])
+    line = error_line(proc.stderr)
+    assert proc.returncode != 0 and f"{trained_multi30k.checkpoint_dir}: is a directory" in line

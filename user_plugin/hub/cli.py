@@ -64,6 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="ctranslate2: MODEL_DIR is an export of python -m "
                         "user_plugin.export --to ctranslate2")
     args = parser.parse_args(argv)
+    if args.sampling_topp != -1 and not 0 < args.sampling_topp <= 1:
+        parser.error(f"argument --sampling-topp: must be in (0, 1], or -1 for none; got "
+                     f"{args.sampling_topp}")
     # stderr carries warnings and errors only: fairseq sets up logging at INFO when imported,
     # and its batch iterator asks for pinned memory, which torch warns about on a CPU
     logging.getLogger().setLevel(logging.WARNING)
