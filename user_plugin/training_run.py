@@ -376,11 +376,11 @@ def check_ensemble(filenames, task=None, state=None) -> None:
         if found is None and Path(filename).is_file():
             found = read_metadata(Path(filename))
         if found is not None:
-            named.append((filename, stored_fingerprint(found)))
-    missing = [filename for filename, found in named if found is None]
+            named.append((filename, stored_fingerprint(found), found))
+    missing = [filename for filename, found, _ in named if found is None]
     if missing:
         logger.warning(missing_note(missing))
-    known = [(filename, found) for filename, found in named if found is not None]
+    known = [(filename, found) for filename, found, _ in named if found is not None]
     for filename, found in known[1:]:
         mismatch = fingerprint_mismatch(known[0][1], found, known[0][0], filename)
         if mismatch is not None:
@@ -389,10 +389,25 @@ def check_ensemble(filenames, task=None, state=None) -> None:
     if expected is None:
         return
     data = getattr(task.cfg, "data", None) or "the task"
-    for filename, found in known:
+    for filename, found, state in named:
+        if found is None or not vocabulary_sizes_fit(state, task):
+            continue  # fairseq's load then names the parameter and both shapes
         mismatch = dictionary_mismatch(expected, found, f"the data of {data}", filename)
         if mismatch is not None:
             raise UserError(f"cannot decode with {filename}: {mismatch}")
+
+
+def vocabulary_sizes_fit(state: dict, task) -> bool:
+    """Whether the embedding tables of a checkpoint's model have as many rows as the task's
+    dictionaries have entries (a mismatch is reported by the load, naming the shapes)."""
+    model = state.get("model") or {}
+    for key, dictionary in (("encoder.embed_tokens.weight", task.source_dictionary),
+                            ("decoder.embed_tokens.weight", task.target_dictionary)):
+        table = model.get(key)
+        if table is not None and getattr(table, "shape", (len(dictionary),))[0] != \
+                len(dictionary):
+            return False
+    return True
 
 
 def _checking_load_model_ensemble_and_task(load_model_ensemble_and_task):
