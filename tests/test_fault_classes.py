@@ -597,3 +597,30 @@ def test_generate_given_a_directory_as_checkpoint_is_one_line(trained_multi30k):
                                 "--path", trained_multi30k.checkpoint_dir, "--cpu"])
     line = error_line(proc.stderr)
     assert proc.returncode != 0 and f"{trained_multi30k.checkpoint_dir}: is a directory" in line
+
+
+def test_hub_and_export_refuse_checkpoints_of_other_training_data(trained_multi30k, tmp_path):
+    from user_plugin import hub
+    from user_plugin.files.fingerprint import KEY, describe
+
+    last = trained_multi30k.checkpoint_dir / "checkpoint_last.pt"
+    state = torch.load(last, weights_only=True, map_location="cpu")
+    swapped = tmp_path / "swapped.pt"
+    torch.save({**state, KEY: {**state[KEY], "source_lang": "de", "target_lang": "en"}},
+               swapped)
+    with pytest.raises(hub.HubError) as info:
+        hub.load_translator(trained_multi30k.data_bin, checkpoints=[last, swapped],
+                            source_lang="en", target_lang="de")
+    assert "cannot be used together" in str(info.value)
+    assert describe(state[KEY]) in str(info.value) and "another language direction" in \
+        str(info.value)
+    reordered = reordered_data_bin(trained_multi30k.data_bin, tmp_path / "reordered")
+    before = snapshot(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "user_plugin.export", str(last), "--data-dir", str(reordered),
+         "--to", "fairseq", "--output", str(tmp_path / "exported.pt")],
+        cwd=REPO, capture_output=True, text=True, check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    line = error_line(proc.stderr)
+    assert proc.returncode == 1 and "dictionary differs" in line and describe(state[KEY]) in line
+    assert snapshot(tmp_path) == before

@@ -67,6 +67,7 @@ from .files.errors import UserError, file_error
 from .files.fingerprint import KEY as FINGERPRINT_KEY
 from .files.fingerprint import (
     dictionary_mismatch,
+    ensemble_mismatch,
     fingerprint_mismatch,
     missing_note,
     stored_fingerprint,
@@ -380,11 +381,9 @@ def check_ensemble(filenames, task=None, state=None) -> None:
     missing = [filename for filename, found, _ in named if found is None]
     if missing:
         logger.warning(missing_note(missing))
-    known = [(filename, found) for filename, found, _ in named if found is not None]
-    for filename, found in known[1:]:
-        mismatch = fingerprint_mismatch(known[0][1], found, known[0][0], filename)
-        if mismatch is not None:
-            raise UserError(f"these checkpoints cannot be used together: {mismatch}")
+    mismatch = ensemble_mismatch([(filename, found) for filename, found, _ in named])
+    if mismatch is not None:
+        raise UserError(mismatch)
     expected = task_fingerprint(task) if task is not None else None
     if expected is None:
         return
@@ -394,7 +393,8 @@ def check_ensemble(filenames, task=None, state=None) -> None:
             continue  # fairseq's load then names the parameter and both shapes
         mismatch = dictionary_mismatch(expected, found, f"the data of {data}", filename)
         if mismatch is not None:
-            raise UserError(f"cannot decode with {filename}: {mismatch}")
+            raise UserError(f"cannot use {filename} with the dictionaries of {data}: "
+                            f"{mismatch}")
 
 
 def vocabulary_sizes_fit(state: dict, task) -> bool:

@@ -16,16 +16,17 @@ The **training fingerprint** (:func:`task_fingerprint`) is a small dict of plain
 fairseq-train writes it into every checkpoint under the top-level key :data:`KEY` (the plugin's
 save hook, :mod:`user_plugin.training_run`); copies, the averager and the export carry it.
 :func:`fingerprint_mismatch` and :func:`dictionary_mismatch` compare two of them in one
-sentence naming both; :func:`describe` writes one as ``en->de, dictionaries 1a2b3c4d5e6f /
-1a2b3c4d5e6f``. A checkpoint written before fingerprints were stored has none: consumers load
-it with one note line (:func:`missing_note`), since it cannot be checked.
+sentence naming both, :func:`ensemble_mismatch` the checkpoints of an ensemble;
+:func:`describe` writes one as ``en->de, dictionaries 1a2b3c4d5e6f / 1a2b3c4d5e6f``. A
+checkpoint written before fingerprints were stored has none: consumers load it with one note
+line (:func:`missing_note`), since it cannot be checked.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 #: The checkpoint's top-level key holding its training fingerprint.
 KEY = "training_data"
@@ -106,6 +107,19 @@ def dictionary_mismatch(expected: Mapping[str, str], found: Mapping[str, str],
             return (f"{found_name} was trained on {describe(found)} but {expected_name} is "
                     f"{describe(expected)}: the {lang} dictionary differs (other tokens, or the "
                     "same in another order)")
+    return None
+
+
+def ensemble_mismatch(named: Sequence[tuple[str | os.PathLike, Mapping[str, str] | None]]
+                      ) -> str | None:
+    """For checkpoints meant to be used together (an ensemble, an average), given as
+    ``(path, stored fingerprint or None)``: the line saying which two were trained on
+    different data, naming both fingerprints; None when every known fingerprint agrees."""
+    known = [(path, found) for path, found in named if found is not None]
+    for path, found in known[1:]:
+        mismatch = fingerprint_mismatch(known[0][1], found, str(known[0][0]), str(path))
+        if mismatch is not None:
+            return f"these checkpoints cannot be used together: {mismatch}"
     return None
 
 
