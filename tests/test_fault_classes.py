@@ -220,6 +220,7 @@ def test_prepare_notices_an_edited_raw_file_by_its_content(spaced_chain):
     root, env = spaced_chain
     prepared = root / "wörk dir" / "prepared"
     reference = root / "raw dätä" / "test.de"
+    run_script(step_script("prepare"), env, "wmt14_en_de")  # done (or skipped) before the edit
     text = reference.read_text(encoding="utf-8")
     edited = text.replace("ein", "EIN", 1)  # same size, other content
     assert edited != text and len(edited.encode("utf-8")) == reference.stat().st_size
