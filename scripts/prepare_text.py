@@ -61,8 +61,9 @@ SEG_PATTERN = re.compile(r"<seg[^>]*>(.*)</seg>")
 # Reading and writing line-aligned text
 
 
-def write_lines(path: Path, lines: Iterable[str]) -> int:
-    """Write ``lines`` (one per line, atomically) to ``path``; return how many were written."""
+def write_lines(path: Path, lines: Iterable[str], inputs: Sequence[Path] = ()) -> int:
+    """Write ``lines`` (one per line, atomically) to ``path``, never onto one of ``inputs``;
+    return how many were written."""
     count = 0
 
     def write(temp: str) -> None:
@@ -72,7 +73,7 @@ def write_lines(path: Path, lines: Iterable[str]) -> int:
                 handle.write(line + "\n")
                 count += 1
 
-    atomic_write(Path(path), write)
+    atomic_write(Path(path), write, inputs)
     return count
 
 
@@ -317,14 +318,16 @@ def spm_encode_lines(lines: Iterable[str], model: Path, workers: int = 1) -> Ite
 
 def cmd_normalize(args: argparse.Namespace) -> int:
     written = write_lines(args.output, normalize_lines(iter_lines(args.input), args.lang,
-                                                       not args.no_tokenize, args.workers))
+                                                       not args.no_tokenize, args.workers),
+                          [args.input])
     action = "normalised" if args.no_tokenize else "normalised and tokenised"
     print(f"{action} {written} lines: {args.input} -> {args.output}", file=sys.stderr)
     return 0
 
 
 def cmd_detokenize(args: argparse.Namespace) -> int:
-    written = write_lines(args.output, detokenize_lines(iter_lines(args.input), args.lang))
+    written = write_lines(args.output, detokenize_lines(iter_lines(args.input), args.lang),
+                          [args.input])
     print(f"detokenised {written} lines: {args.input} -> {args.output}", file=sys.stderr)
     return 0
 
@@ -370,7 +373,7 @@ def cmd_check_lines(args: argparse.Namespace) -> int:
 
 
 def cmd_sgm_to_text(args: argparse.Namespace) -> int:
-    written = write_lines(args.output, sgm_segments(iter_lines(args.input)))
+    written = write_lines(args.output, sgm_segments(iter_lines(args.input)), [args.input])
     if written == 0:
         raise UserError(f"{args.input}: no <seg> elements found")
     print(f"extracted {written} segments: {args.input} -> {args.output}", file=sys.stderr)
@@ -382,7 +385,7 @@ def cmd_extract_hypotheses(args: argparse.Namespace) -> int:
         hypotheses = parse_hypotheses(iter_lines(args.generate_output), args.expected)
     except UserError as error:
         raise UserError(f"{args.generate_output}: {error}") from None
-    write_lines(args.output, hypotheses)
+    write_lines(args.output, hypotheses, [args.generate_output])
     print(f"extracted {len(hypotheses)} hypotheses in source order -> {args.output}",
           file=sys.stderr)
     return 0
@@ -398,7 +401,8 @@ def cmd_spm_train(args: argparse.Namespace) -> int:
 
 def cmd_spm_encode(args: argparse.Namespace) -> int:
     written = write_lines(args.output,
-                          spm_encode_lines(iter_lines(args.input), args.model, args.workers))
+                          spm_encode_lines(iter_lines(args.input), args.model, args.workers),
+                          [args.input, args.model])
     print(f"encoded {written} lines: {args.input} -> {args.output}", file=sys.stderr)
     return 0
 

@@ -62,6 +62,15 @@ def export(args: argparse.Namespace) -> str:
                 f"{args.data_dir} --path {path}, no --user-dir)")
     from .ctranslate2_model import export_ctranslate2
 
+    if args.bpe_codes is not None:
+        from pathlib import Path
+
+        from ..files.dictionaries import bpe_codes_problem
+
+        problem = bpe_codes_problem(args.bpe_codes, sorted(Path(args.data_dir).glob("dict.*.txt")))
+        if problem is not None:
+            raise_usage(f"--bpe-codes {problem}; nothing was written")
+
     written = export_ctranslate2(
         args.checkpoint, args.data_dir, args.output, quantization=args.quantization,
         source_lang=args.source_lang, target_lang=args.target_lang, bpe_codes=args.bpe_codes,
@@ -79,6 +88,11 @@ def raise_usage(message: str) -> None:
 
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
+    from pathlib import Path
+
+    from ..files.atomic import refuse_input_clash
+
+    refuse_input_clash(args.output, [args.checkpoint, *Path(args.data_dir).glob("dict.*.txt")])
     print(f"exporting {args.checkpoint} to {args.to} ({args.output})", file=sys.stderr)
     print(export(args), file=sys.stderr)
     return 0

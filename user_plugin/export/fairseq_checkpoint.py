@@ -52,6 +52,7 @@ from ..builtin_transformer import (
 from ..files.atomic import atomic_write
 from ..files.checkpoints import torch_save
 from ..files.errors import UserError
+from ..files.fingerprint import KEY as FINGERPRINT_KEY
 from ..models.transformer_config import UNSUPPORTED_OPTIONS
 from ..paper import BEAM, LENPEN, MAX_LEN_OVER_SOURCE
 
@@ -311,6 +312,7 @@ def exported_state(state: dict, ours: nn.Module, theirs: nn.Module, data_dir: Pa
         "extra_state": {
             "train_iterator": {"epoch": int((extra.get("train_iterator") or {}).get("epoch", 1))},
         },
+        **({FINGERPRINT_KEY: dict(state[FINGERPRINT_KEY])} if FINGERPRINT_KEY in state else {}),
     }
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from .. import registration  # noqa: F401  (the models, task and criterion checkpoints name)
 from ..files.checkpoints import LOAD_ERRORS, CheckpointError, read_checkpoint, state_dict_mismatch
 from ..files.errors import UserError, first_line
+from ..files.fingerprint import ensemble_mismatch, stored_fingerprint
 from ..tasks.vaswani_translation import TASK_NAME
 from .errors import HubError
 from .model_files import find_model_files, language_pair
@@ -130,6 +131,10 @@ def load_translator(
         raise HubError(f"backend must be 'fairseq' or 'ctranslate2', got {backend!r}")
     files = find_model_files(model_dir, checkpoints, data_dir, bpe_codes, sentencepiece_model)
     states = [read_model_checkpoint(path) for path in files.checkpoints]
+    mismatch = ensemble_mismatch([(path, stored_fingerprint(state))
+                                  for path, state in zip(files.checkpoints, states)])
+    if mismatch is not None:
+        raise HubError(mismatch)
     task_cfg = states[0]["cfg"].task
     src, tgt = language_pair(files.data_dir, source_lang, target_lang, task_cfg)
     task = setup_task(task_cfg, files.data_dir, src, tgt, length_penalty_form,
