@@ -137,7 +137,7 @@ PATCHES: Tuple[Patch, ...] = (
     ),
     Patch(
         "one_line_errors",
-        _one("sys:excepthook", "user_plugin.files.errors:one_line_excepthook"),
+        _one("sys:excepthook", "user_plugin.files.known_errors:one_line_excepthook"),
         "the plugin's UserError reaching fairseq's entry points prints 'prog: error: ...' and "
         "exits 1, instead of a traceback, and so do fairseq's errors on bad input that "
         "files.known_errors recognises (--max-tokens below a sentence, a missing dictionary, a "

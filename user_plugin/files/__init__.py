@@ -52,10 +52,10 @@ from .errors import (
     UserError,
     file_error,
     first_line,
-    install_one_line_errors,
     int_at_least,
     run_main,
 )
+from .known_errors import install_one_line_errors
 from .lock import DirectoryInUse, DirectoryLock
 from .text import decode_lines, iter_lines, read_lines, single_line, split_lines
 

@@ -69,35 +69,6 @@ def file_error(path: str | os.PathLike, error: OSError | UnicodeDecodeError, wri
     return UserError(f"{path}: cannot {action} ({_os_reason(error)})")
 
 
-def one_line_excepthook(previous: Callable) -> Callable:
-    """``sys.excepthook`` that reports a :class:`UserError` nothing caught as
-    ``prog: error: ...`` (one line, exit status 1) instead of a traceback, and likewise the
-    errors fairseq raises on bad input that :func:`~user_plugin.files.known_errors.one_line_cause`
-    recognises; other exceptions go to ``previous``. The plugin installs it
-    (:mod:`user_plugin.fairseq_patches`) in every command that loads it (fairseq's
-    ``fairseq-train``, ``fairseq-generate``...)."""
-
-    def hook(kind, error, traceback) -> None:
-        from .known_errors import one_line_cause
-
-        line = str(error) if isinstance(error, UserError) else one_line_cause(error)
-        if line is not None:
-            prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
-            print(f"{prog}: error: {line}", file=sys.stderr, flush=True)
-        else:
-            previous(kind, error, traceback)
-
-    hook.one_line_user_errors = True  # type: ignore[attr-defined]
-    return hook
-
-
-def install_one_line_errors() -> None:
-    """Install :func:`one_line_excepthook` in this process (for a program of ours that does not
-    load the plugin). Idempotent."""
-    if not getattr(sys.excepthook, "one_line_user_errors", False):
-        sys.excepthook = one_line_excepthook(sys.excepthook)
-
-
 def finite_float(text: str) -> float:
     """An argparse ``type`` for finite numbers: ``nan`` and ``inf`` are argparse's usage
     error naming the option, not a value that silently changes every result."""

@@ -5,7 +5,7 @@ change: an ``AssertionError`` for a ``--max-tokens`` below the longest sentence,
 ``FileNotFoundError`` for a language the data directory has no dictionary of, two chained
 tracebacks for a checkpoint trained with another layout (``--encoder-normalize-before``...).
 :func:`one_line_cause` recognises them by their type and message (nothing of fairseq is
-imported) and words the line; :func:`~user_plugin.files.errors.one_line_excepthook` prints
+imported) and words the line; :func:`one_line_excepthook` prints
 it instead of the traceback, in every command that loads the plugin. An error it does not
 recognise keeps its traceback: a bug must stay visible.
 
@@ -16,10 +16,13 @@ it (:func:`~user_plugin.files.errors.file_error`).
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from pathlib import Path
+from typing import Callable
 
-from .errors import file_error
+from .errors import UserError, file_error
 
 _MAX_TOKENS = re.compile(r"Sentences lengths should not exceed max_tokens=(\d+)")
 _DICTIONARY = re.compile(r"dict\.(?P<lang>[^./]+)\.txt")
@@ -79,3 +82,30 @@ def one_line_cause(error: BaseException) -> str | None:
                 "it was trained with (such as --encoder-normalize-before), or use another "
                 "--save-dir to train a new model")
     return None
+
+
+def one_line_excepthook(previous: Callable) -> Callable:
+    """``sys.excepthook`` that reports a :class:`UserError` nothing caught as
+    ``prog: error: ...`` (one line, exit status 1) instead of a traceback, and likewise the
+    errors fairseq raises on bad input that :func:`one_line_cause`
+    recognises; other exceptions go to ``previous``. The plugin installs it
+    (:mod:`user_plugin.fairseq_patches`) in every command that loads it (fairseq's
+    ``fairseq-train``, ``fairseq-generate``...)."""
+
+    def hook(kind, error, traceback) -> None:
+        line = str(error) if isinstance(error, UserError) else one_line_cause(error)
+        if line is not None:
+            prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+            print(f"{prog}: error: {line}", file=sys.stderr, flush=True)
+        else:
+            previous(kind, error, traceback)
+
+    hook.one_line_user_errors = True  # type: ignore[attr-defined]
+    return hook
+
+
+def install_one_line_errors() -> None:
+    """Install :func:`one_line_excepthook` in this process (for a program of ours that does not
+    load the plugin). Idempotent."""
+    if not getattr(sys.excepthook, "one_line_user_errors", False):
+        sys.excepthook = one_line_excepthook(sys.excepthook)
