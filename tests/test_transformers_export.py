@@ -15,9 +15,14 @@ from cli import REPO, USER_DIR, fairseq_env, run_fairseq
 from conftest import MULTI30K, our_checkpoint_with, require_data
 from prepared_model import run_prepare, train_tiny, write_raw
 
+from user_plugin.artifacts.transformers_layout import (  # noqa: E402
+    ExportTokenizer,
+    hide_unloadable_torchaudio,
+)
+
+hide_unloadable_torchaudio()  # before transformers looks for it (see its docstring)
 transformers = pytest.importorskip("transformers")
 
-from user_plugin.artifacts.transformers_layout import ExportTokenizer  # noqa: E402
 from user_plugin.export.transformers_model import export_transformers  # noqa: E402
 from user_plugin.hub import load_translator  # noqa: E402
 

@@ -124,12 +124,12 @@ def language_pair(
     src = source_lang or saved.get("source_lang")
     tgt = target_lang or saved.get("target_lang")
     trained = trained_direction(saved, data_dir)
-    if trained is not None and (src, tgt) != trained:
-        logger.warning(f"translating {src}->{tgt}, but the checkpoint was trained "
-                       f"{trained[0]}->{trained[1]}")
     if src is None or tgt is None:
         inferred = data_utils.infer_language_pair(str(data_dir))
         src, tgt = src or inferred[0], tgt or inferred[1]
+    if trained is not None and None not in (src, tgt) and (src, tgt) != trained:
+        logger.warning(f"translating {src}->{tgt}, but the checkpoint was trained "
+                       f"{trained[0]}->{trained[1]}")
     if src is None or tgt is None:
         raise ArtifactError(
             f"cannot tell the language pair of {data_dir}: pass source_lang= and target_lang="

@@ -18,8 +18,10 @@ models, ``FSMTTokenizer`` for BPE models; docs/export.md measures how often its 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -40,8 +42,21 @@ TARGET_VOCAB = "vaswani_target_vocab.json"
 BOS, PAD, EOS, UNK = 0, 1, 2, 3
 
 
+def hide_unloadable_torchaudio() -> None:
+    """transformers imports torchaudio whenever it is installed (for audio features that a
+    translation model never uses). A torchaudio built for another torch version fails to load
+    and would stop that import; such a torchaudio is hidden from this process."""
+    if "torchaudio" in sys.modules or importlib.util.find_spec("torchaudio") is None:
+        return
+    try:
+        import torchaudio  # noqa: F401
+    except (OSError, ImportError, RuntimeError):
+        sys.modules["torchaudio"] = None  # type: ignore[assignment]
+
+
 def require_transformers():
     """The ``transformers`` module, or a one-line error saying how to install it."""
+    hide_unloadable_torchaudio()
     try:
         import transformers
     except ImportError:
