@@ -29,9 +29,10 @@ from user_plugin.hub import load_translator  # noqa: E402
 TRAIN, VALID = 3000, 200
 BATCH = 8  # real test sentences in the logits batch
 #: The shipped tokenizers' id agreement with ours on the 1000 Multi30k test sentences, at least
-#: (measured: docs/export.md).
-MARIAN_AGREEMENT = 1.0
-FSMT_AGREEMENT = 0.95
+#: (measured 999/1000 and 977/1000: docs/export.md). MarianTokenizer skips Moses punctuation
+#: normalization, FSMTTokenizer's Moses step escapes quotes and apostrophes.
+MARIAN_AGREEMENT = 0.995
+FSMT_AGREEMENT = 0.97
 
 
 def read(path, limit=None) -> list[str]:
@@ -184,7 +185,7 @@ def test_fsmt_tokenizer_ids_agree_with_ours_at_the_stated_rate(bpe, tmp_path):
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
     assert type(tokenizer).__name__ == "FSMTTokenizer"
     rate = agreement(tokenizer, ExportTokenizer(out), bpe.raw_test)
-    assert FSMT_AGREEMENT <= rate < 1.0  # its Moses step escapes apostrophes: never all
+    assert rate >= FSMT_AGREEMENT
 
 
 def export_cli(*args):

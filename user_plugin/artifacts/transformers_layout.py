@@ -63,6 +63,8 @@ def require_transformers():
         raise ArtifactError("Hugging Face transformers is not installed: pip install "
                             "'transformers>=5,<6' (or the project's extra: pip install -e "
                             "'.[transformers]')") from None
+    transformers.utils.logging.set_verbosity_error()  # stderr keeps to errors, as ours does
+    transformers.utils.logging.disable_progress_bar()
     return transformers
 
 
