@@ -270,22 +270,68 @@ def write_marian_tokenizer(directory: Path, pipeline: TextPipeline, task: Any) -
     target_vocab.unlink()
 
 
+#: What Moses escaping (sacremoses' ``escape=True``, which FSMTTokenizer always applies) turns
+#: each character into.
+MOSES_ESCAPES = {"&": "&amp;", "|": "&#124;", "<": "&lt;", ">": "&gt;", "'": "&apos;",
+                 '"': "&quot;", "[": "&#91;", "]": "&#93;"}
+END_OF_WORD = "</w>"
+
+
+def escaped(piece: str) -> str:
+    """A BPE symbol spelled as FSMTTokenizer sees it: each escapable character as its Moses
+    entity (a trailing ``</w>`` kept as it is)."""
+    body, end = (piece[: -len(END_OF_WORD)], END_OF_WORD) if piece.endswith(END_OF_WORD) \
+        else (piece, "")
+    return "".join(MOSES_ESCAPES.get(char, char) for char in body) + end
+
+
+def entity_merges() -> list[tuple[str, str]]:
+    """Merges that join each entity's characters into one symbol (inside a word and at its
+    end), so that an escaped character is one symbol, as the raw character is in ours."""
+    merges: dict[tuple[str, str], None] = {}
+    for entity in MOSES_ESCAPES.values():
+        for end in ("", END_OF_WORD):
+            symbol = entity[0]
+            for index, char in enumerate(entity[1:], start=1):
+                char = char + end if index == len(entity) - 1 else char
+                merges[(symbol, char)] = None
+                symbol += char
+    return list(merges)
+
+
 def fsmt_vocabulary(dictionary: Any) -> dict[str, int]:
     """A fairseq BPE dictionary in FSMTTokenizer's spelling: a piece that continues a word
-    (``ab@@``) loses its marker, a word's last piece gains ``</w>``; special symbols stay."""
+    (``ab@@``) loses its marker, a word's last piece gains ``</w>``, escapable characters become
+    their Moses entities; special symbols stay."""
     out = {}
     for index, symbol in enumerate(dictionary.symbols):
         if index < dictionary.nspecial:
             out[symbol] = index
         elif symbol.endswith("@@"):
-            out[symbol[:-2]] = index
+            out[escaped(symbol[:-2])] = index
         else:
-            out[f"{symbol}</w>"] = index
+            out[escaped(symbol + END_OF_WORD)] = index
     return out
 
 
+def fsmt_merges(codes: Path) -> list[str]:
+    """Our subword-nmt codes as FSMTTokenizer's merges: the entity merges first, then ours in
+    their order with escapable characters spelled as entities."""
+    lines = [line for line in codes.read_text(encoding="utf-8").split("\n")
+             if line and not line.startswith("#version")]
+    merges = [" ".join(pair) for pair in entity_merges()]
+    for line in lines:
+        parts = line.split(" ")
+        if len(parts) != 2:
+            raise ArtifactError(f"{codes}: not a subword-nmt merge line: {line[:40]!r}")
+        merges.append(" ".join(escaped(part) for part in parts))
+    return merges
+
+
 def write_fsmt_tokenizer(directory: Path, pipeline: TextPipeline, task: Any) -> None:
-    """``FSMTTokenizer``'s files: both vocabularies in its spelling and the BPE merges."""
+    """``FSMTTokenizer``'s files: both vocabularies and our BPE merges in its spelling (its
+    Moses step escapes; the entities are made single symbols, so an escaped ``'s`` splits as
+    ours does)."""
     transformers = require_transformers()
     source_vocab, target_vocab = directory / "vocab-src.json", directory / "vocab-tgt.json"
     source_vocab.write_text(json.dumps(fsmt_vocabulary(task.source_dictionary),
@@ -293,10 +339,7 @@ def write_fsmt_tokenizer(directory: Path, pipeline: TextPipeline, task: Any) -> 
     target_vocab.write_text(json.dumps(fsmt_vocabulary(task.target_dictionary),
                                        ensure_ascii=False), encoding="utf-8")
     merges = directory / "merges.txt"
-    codes = pipeline.model_path.read_text(encoding="utf-8").split("\n")
-    merges.write_text("\n".join(line for line in codes
-                                if line and not line.startswith("#version")) + "\n",
-                      encoding="utf-8")
+    merges.write_text("\n".join(fsmt_merges(pipeline.model_path)) + "\n", encoding="utf-8")
     tokenizer = transformers.FSMTTokenizer(
         langs=[pipeline.source_lang, pipeline.target_lang], src_vocab_file=str(source_vocab),
         tgt_vocab_file=str(target_vocab), merges_file=str(merges),
