@@ -29,7 +29,7 @@ from .text_pipeline import RECORD_NAME, TextPipeline, find_record
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_NAMES = ("checkpoint_best.pt", "checkpoint_last.pt", "model.pt")
+CHECKPOINT_NAMES = ("checkpoint_best.pt", "checkpoint_last.pt", "model.pt", "checkpoint_avg.pt")
 BPE_CODES_NAMES = ("bpecodes", "bpe.codes", "codes", "code")
 SENTENCEPIECE_NAMES = ("sentencepiece.bpe.model", "spm.model")
 

@@ -15,11 +15,14 @@
 
 A model directory holds (names tried in this order, each overridable by a keyword):
 
-* checkpoints: ``checkpoint_best.pt``, ``checkpoint_last.pt``, ``model.pt`` (or ``checkpoints=``,
-  paths relative to the directory or absolute; several = an ensemble);
+* checkpoints: ``checkpoint_best.pt``, ``checkpoint_last.pt``, ``model.pt``,
+  ``checkpoint_avg.pt`` (or ``checkpoints=``, paths relative to the directory or absolute;
+  several = an ensemble);
 * the dictionaries ``dict.<src>.txt`` and ``dict.<tgt>.txt`` (or ``data_dir=`` a
   ``fairseq-preprocess`` output);
-* optional subword model: subword-nmt codes ``bpecodes`` / ``codes`` / ``code``
+* the text pipeline record ``text_pipeline.json`` with its subword model (the recipes' average
+  step puts both beside ``checkpoint_avg.pt``), else an optional subword model:
+  subword-nmt codes ``bpecodes`` / ``bpe.codes`` / ``codes`` / ``code``
   (``bpe_codes=``), or a SentencePiece model ``sentencepiece.bpe.model`` / ``spm.model``
   (``sentencepiece_model=``).
 
