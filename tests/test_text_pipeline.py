@@ -101,10 +101,16 @@ def test_ctranslate2_backend_encodes_as_training(news, tmp_path):
 
 
 def test_transformers_route_gives_the_training_ids(news, tmp_path):
-    pytest.importorskip("transformers")
     from fairseq.data import Dictionary
 
-    from user_plugin.artifacts.transformers_layout import ExportTokenizer
+    from user_plugin.artifacts.transformers_layout import (
+        ExportTokenizer,
+        hide_unloadable_torchaudio,
+        require_transformers,
+    )
+
+    hide_unloadable_torchaudio()
+    pytest.importorskip("transformers")
     from user_plugin.export.transformers_model import export_transformers
 
     out = tmp_path / "hf export"
@@ -115,6 +121,11 @@ def test_transformers_route_gives_the_training_ids(news, tmp_path):
     tokenizer = ExportTokenizer(out)
     got = [tokenizer.source_ids(line) for line in news.raw]
     assert [i for i, (a, b) in enumerate(zip(got, expected)) if a != b] == []
+    # the tokenizer transformers loads by itself (FSMTTokenizer, with the exported merges)
+    hf = require_transformers().AutoTokenizer.from_pretrained(str(out))
+    assert type(hf).__name__ == "FSMTTokenizer"
+    native = [hf(line)["input_ids"] for line in news.raw]
+    assert [i for i, (a, b) in enumerate(zip(native, expected)) if a != b] == []
 
 
 def test_print_tokens_shows_what_the_model_gets(news):
