@@ -399,8 +399,8 @@ def export_transformers(
     manifest = {
         "format": FORMAT, "source_checkpoint": Path(checkpoint).name,
         "model_class": type(model).__name__,
-        "tokenizer_class": ("MarianTokenizer" if marian else
-                            "FSMTTokenizer" if pipeline.subword == "bpe" else None),
+        "tokenizer_class": {"sentencepiece": "MarianTokenizer",
+                            "bpe": "FSMTTokenizer"}.get(pipeline.subword),
         "source_lang": task.cfg.source_lang, "target_lang": task.cfg.target_lang,
         "decoding": {"num_beams": BEAM, "paper_lenpen": LENPEN,
                      "note": "transformers has no GNMT penalty and no source + 50 limit"},
