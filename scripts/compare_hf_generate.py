@@ -22,6 +22,7 @@ import argparse
 import json
 import logging
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -54,6 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     transformers = require_transformers()
     torch.set_num_threads(1)
+    # fairseq's batch iterator asks for pinned memory, which torch warns about on a CPU
+    warnings.filterwarnings("ignore", message=".*'pin_memory' argument is set as true")
     source, reference = list(iter_lines(args.source)), list(iter_lines(args.reference))
     if args.limit:
         source, reference = source[: args.limit], reference[: args.limit]
