@@ -180,6 +180,9 @@ def test_record_round_trip_and_corrupt_records(tmp_path):
     written.write_text(json.dumps({**pipeline.record(), "stemming": True}), encoding="utf-8")
     with pytest.raises(ArtifactError, match="unknown setting 'stemming'"):
         TextPipeline.load(written)
+    written.write_text(json.dumps({**pipeline.record(), "escape": "no"}), encoding="utf-8")
+    with pytest.raises(ArtifactError, match="escape must be true or false"):
+        TextPipeline.load(written)
     codes.write_text("#version: 0.2\nt h\n", encoding="utf-8")
     pipeline.write(tmp_path)
     with pytest.raises(ArtifactError, match="not the bpe model"):

@@ -171,6 +171,11 @@ class TextPipeline:
             if not isinstance(record.get(name), str):
                 raise ArtifactError(f"{where}: no {name}")
         values = {key: value for key, value in record.items() if key != "format"}
+        for name in ("normalize_punctuation", "moses_tokenize", "aggressive_dash_splits",
+                     "escape", "lowercase"):
+            if not isinstance(values.get(name, False), bool):
+                raise ArtifactError(f"{where}: {name} must be true or false, got "
+                                    f"{values[name]!r}")
         try:
             return cls(**values)
         except ArtifactError as error:
