@@ -181,7 +181,7 @@ def model_text_pipeline(
         pipeline = replace(pipeline, moses_tokenize=moses)
     if note is not None:
         note = note.format(describe=pipeline.describe())
-    return pipeline, note
+    return pipeline.open_subword_model(), note
 
 
 def checkpoint_text_pipeline(

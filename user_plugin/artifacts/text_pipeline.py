@@ -242,6 +242,16 @@ class TextPipeline:
                 tools[name] = read_sentencepiece(self.model_path)
         return tools[name]
 
+    def open_subword_model(self) -> TextPipeline:
+        """Read the subword model now (a malformed file fails here, naming it, rather than at
+        the first sentence); returns this pipeline."""
+        if self.subword != "none":
+            if self.model_path is None:
+                raise ArtifactError(f"the {self.subword} model file {self.subword_model} of "
+                                    "this text pipeline was not located")
+            self._tool("bpe" if self.subword == "bpe" else "spm")
+        return self
+
     def pretokenize(self, sentence: str, target: bool = False) -> str:
         """Steps 1-4: a raw sentence of the source (or target) side -> the text the subword
         model learns from and splits (the recipes' ``prepare_text.py normalize`` output)."""

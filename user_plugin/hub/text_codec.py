@@ -31,5 +31,4 @@ class TextCodec(TextPipeline):
                 raise ArtifactError(f"{given}: no such {subword} model file")
             self.subword_model, self.model_path = given.name, given
             self.subword_model_sha256 = sha256_of(given)
-            # a file that cannot be read fails here, naming it, rather than at the first line
-            self._tool("bpe" if subword == "bpe" else "spm")
+            self.open_subword_model()
