@@ -15,8 +15,10 @@ Two classes hold the paper's post-norm Transformer (§3.1) exactly:
 * **FSMTForConditionalGeneration** (fairseq's own layout in transformers) for BPE models and
   for learned positions (Table 3 row E): its positions are a stored table with fairseq's
   ``padding_idx + 1`` offset, so our table (sinusoids or learned) is stored as it is. A BPE
-  model ships ``FSMTTokenizer`` files built from our BPE codes and dictionaries (its Moses step
-  escapes ``'`` and ``"``, which ours does not: docs/export.md measures the id agreement).
+  model ships ``FSMTTokenizer`` files built from our BPE codes and dictionaries; its Moses step
+  escapes ``'`` and ``"``, which ours does not, so the merges first join each Moses entity into
+  one symbol and spell our pieces with entities (:func:`fsmt_merges`; docs/export.md measures
+  the id agreement).
 
 Both get the weights of fairseq's built-in ``transformer`` that the fairseq export builds
 (:func:`~.fairseq_checkpoint.to_builtin_transformer`), the special ids of fairseq's dictionaries
