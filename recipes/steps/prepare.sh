@@ -183,7 +183,11 @@ for split in train valid test; do
 done
 python "$PREPARE_TEXT" check-lines "$PREP_DIR/test.$S" "$PREP_DIR/test.ref.$T" > /dev/null \
   || die "the test set and its reference differ in length"
+# The text pipeline record (settings + the subword model's sha256): the model carries it, and the
+# hub and the exports encode raw text by it.
+python "$PREPARE_TEXT" write-pipeline --source-lang "$S" --target-lang "$T" --subword "$SUBWORD" \
+  --model "$PREP_DIR/${subword_outputs[0]}" --output "$PREP_DIR/text_pipeline.json"
 rm -rf "$tmp"
 step_mark_done "$PREP_DIR" "$config" "${raw_inputs[@]}" -- \
   "train.$S" "train.$T" "valid.$S" "valid.$T" "test.$S" "test.$T" \
-  "test.ref.$T" "test.raw.$S" "${subword_outputs[@]}"
+  "test.ref.$T" "test.raw.$S" "${subword_outputs[@]}" text_pipeline.json

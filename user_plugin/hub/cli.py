@@ -7,6 +7,10 @@ and ``--constraints`` reads each input line as ``source<TAB>phrase<TAB>phrase...
 ``fairseq-interactive --constraints`` does), the phrases being raw target text the translation
 must contain.
 
+``--print-tokens`` prints, per input line, the model tokens the line becomes (the model's text
+pipeline, then ``<unk>`` for tokens outside the source vocabulary), for either backend, without
+translating: what the model gets.
+
 Standard input is read by the project's line rule (only LF ends a line, as ``wc -l`` counts):
 one output line per input line, whatever CR, form feed, NEL or U+2028 a sentence holds. Input
 that is not UTF-8 is refused with one line before anything is translated.
@@ -63,6 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--backend", choices=("fairseq", "ctranslate2"), default="fairseq",
                         help="ctranslate2: MODEL_DIR is an export of python -m "
                         "user_plugin.export --to ctranslate2")
+    parser.add_argument("--print-tokens", action="store_true",
+                        help="print, per input line, the model tokens it is fed (the text "
+                        "pipeline's tokens, <unk> for those outside the vocabulary) instead of "
+                        "translating")
     args = parser.parse_args(argv)
     if args.sampling_topp != -1 and not 0 < args.sampling_topp <= 1:
         parser.error(f"argument --sampling-topp: must be in (0, 1], or -1 for none; got "
@@ -80,6 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             backend=args.backend,
         )
         lines = read_input_lines(sys.stdin)
+        if args.print_tokens:
+            return write_output(translator.model_tokens(lines), 1)
         constraints = None
         if args.constraints:
             fields = [line.split("\t") for line in lines]
@@ -93,9 +103,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UserError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    return write_output(outputs, args.nbest)
+
+
+def write_output(outputs: Sequence, nbest: int) -> int:
+    """Write ``outputs`` (one string, or ``nbest`` strings, per input line) to stdout; the exit
+    status (2 with one error line when stdout cannot be written)."""
     try:
         for output in outputs:
-            for text in [output] if args.nbest == 1 else output:
+            for text in [output] if nbest == 1 else output:
                 sys.stdout.write(text + "\n")
         sys.stdout.flush()
     except OSError as error:  # a full disk, a closed pipe...
