@@ -45,8 +45,11 @@ setup(
     extras_require={
         # ctranslate2: python -m user_plugin.export --to ctranslate2 and the hub's
         # backend="ctranslate2" (CPU int8 decoding); the tests run them.
-        "test": ["pytest", "hypothesis", "matplotlib", "ruff", "ctranslate2==4.8.5"],
+        "test": ["pytest", "hypothesis", "matplotlib", "ruff", "ctranslate2==4.8.5",
+                 "transformers>=5,<6"],
         "plot": ["matplotlib"],
         "ctranslate2": ["ctranslate2==4.8.5"],
+        # transformers: python -m user_plugin.export --to transformers (Marian / FSMT)
+        "transformers": ["transformers>=5,<6"],
     },
 )

@@ -6,7 +6,9 @@
 # there, a marker "<dir>/.done" listing:
 #   id <unique id of this run of the step>
 #   config <sha256 of the settings the step ran with>
-#   upstream <dir> <identity of the input it read: the id of that step's run (input_id)>
+#   upstream <path> <identity of the input it read: the id of that step's run, or the sha256
+#     of a file's content (input_id); the identity is the line's last field, the path may
+#     hold spaces>
 #   output <size in bytes> <path relative to dir>
 # A later run skips the step when the marker exists, the settings are the same, every upstream
 # step is still the run it read from, and every output exists with its recorded size. Otherwise
@@ -99,6 +101,18 @@ file_size() {
   wc -c < "$1" | tr -d ' '
 }
 
+# require_usable_path NAME: die unless the variable NAME (a path; it may be unset) is one the
+# tools can take. Spaces and non-ASCII letters are fine; a line break is not (the step
+# records hold one path a line), nor a colon: fairseq splits data directories and checkpoint
+# lists (--path a:b) at ':'.
+require_usable_path() {
+  local value=${!1-}
+  case "$value" in
+    *$'\n'*) die "$1 must not contain a line break, got '${value//$'\n'/\\n}'" ;;
+    *:*) die "$1 must not contain ':' (fairseq splits its data and checkpoint paths there), got '$value'" ;;
+  esac
+}
+
 # absolute_path PATH: PATH taken from the current directory and normalised (".", "..", "//")
 # without resolving symbolic links, as `cd PATH && pwd` gives it; PATH need not exist.
 absolute_path() {
@@ -158,6 +172,10 @@ start_pair_run() {
 #   RUN_DIR [$WORK_DIR/$MODEL]: one model's run, MODEL base or big [base]: CKPT_DIR (train),
 #     AVG_DIR (average), GEN_DIR (generate), SCORE_DIR (score)
 setup_paths() {
+  local name
+  for name in WORK_DIR DATA_BIN RUN_DIR; do
+    require_usable_path "$name"
+  done
   WORK_DIR=$(absolute_path "${WORK_DIR:-$REPO_DIR/work_dirs/$PAIR_NAME}")
   MODEL=${MODEL:-base}
   case "$MODEL" in
@@ -171,6 +189,45 @@ setup_paths() {
   AVG_DIR="$RUN_DIR/average"
   GEN_DIR="$RUN_DIR/generate"
   SCORE_DIR="$RUN_DIR/score"
+  check_step_dirs
+}
+
+# is_within PATH DIR: PATH is DIR or lies below it (both absolute and normalised).
+is_within() {
+  [ "$1" = "$2" ] || [ "$2" = / ] || [[ "$1" == "$2"/* ]]
+}
+
+# check_step_dirs: die unless the step directories are apart: a step empties its directory
+# when it is redone, so none may be, or hold, another step's directory, the raw text
+# (RAW_DIR), WORK_DIR, the repository or the home directory (DATA_BIN=$WORK_DIR would empty
+# the whole work directory at the binarize step).
+check_step_dirs() {
+  local name other i
+  local -a steps=(PREP_DIR BIN_DIR CKPT_DIR AVG_DIR GEN_DIR SCORE_DIR)
+  local -a kept=(WORK_DIR "the repository") kept_paths=("$WORK_DIR" "$REPO_DIR")
+  if [ -n "${RAW_DIR:-}" ]; then kept+=(RAW_DIR); kept_paths+=("$(absolute_path "$RAW_DIR")"); fi
+  if [ -n "${HOME:-}" ]; then kept+=(HOME); kept_paths+=("$(absolute_path "$HOME")"); fi
+  for name in "${steps[@]}"; do
+    for other in "${steps[@]}"; do
+      [ "$name" != "$other" ] || continue
+      if is_within "${!other}" "${!name}"; then
+        die "the $(step_of "$name") step's directory ${!name} holds the $(step_of "$other") step's ${!other}: choose DATA_BIN, RUN_DIR, WORK_DIR and RAW_DIR apart"
+      fi
+    done
+    for i in "${!kept[@]}"; do
+      if is_within "${kept_paths[i]}" "${!name}"; then
+        die "the $(step_of "$name") step's directory ${!name} holds ${kept[i]} (${kept_paths[i]}), which it would empty when redone: choose DATA_BIN, RUN_DIR, WORK_DIR and RAW_DIR apart"
+      fi
+    done
+  done
+}
+
+# step_of NAME: the step that owns the directory variable NAME.
+step_of() {
+  case "$1" in
+    PREP_DIR) echo prepare ;; BIN_DIR) echo binarize ;; CKPT_DIR) echo train ;;
+    AVG_DIR) echo average ;; GEN_DIR) echo generate ;; *) echo score ;;
+  esac
 }
 
 # require_data_bin DIR [SUBSET...]: die unless DIR holds fairseq-preprocess output of
@@ -325,14 +382,16 @@ content_id() {
   } | sha256sum | cut -c1-32 | sed 's/^/content-/'
 }
 
-# input_id DIR: the identity of an input directory: the id of the step run that made it
-# (marker_id), else, for a directory made outside the recipes, its content_id; empty when DIR
-# does not exist.
+# input_id PATH: the identity of an input: for a directory, the id of the step run that made
+# it (marker_id), else, for a directory made outside the recipes, its content_id; for a file
+# (the raw text a step reads), the sha256 of its whole content; empty when PATH does not exist.
 input_id() {
   if [ -f "$1/.done" ]; then
     marker_id "$1"
   elif [ -d "$1" ]; then
     content_id "$1"
+  elif [ -f "$1" ]; then
+    printf 'sha256-%s' "$(sha256sum < "$1" | cut -d' ' -f1)"
   fi
 }
 
@@ -368,7 +427,8 @@ record_inputs_match() {
   local file=$1 upstream i=0
   shift
   local -a recorded=()
-  mapfile -t recorded < <(awk '$1 == "upstream" { print $3 }' "$file")
+  # the identity is the last field: the path before it may hold spaces
+  mapfile -t recorded < <(awk '$1 == "upstream" { print $NF }' "$file")
   if [ "${#recorded[@]}" -ne "$#" ]; then
     echo "it now reads other inputs"
     return 1

@@ -16,16 +16,21 @@ own, with the same command line::
 
 How it averages: checkpoints are read one at a time (only one is in memory beside the running
 float64 sum); each must have the same parameter names and shapes as the first (otherwise it is
-refused as another architecture or vocabulary, naming the parameter and both files). Floating
+refused as another architecture or vocabulary, naming the parameter and both files) and the same
+training fingerprint (``user_plugin.files.fingerprint``: dictionaries of the same token order,
+the same language direction; otherwise refused, naming both fingerprints). Checkpoints without
+a fingerprint (older ones) are averaged with one note line saying they cannot be checked. Floating
 point tensors are summed in float64 and the mean is cast back to each tensor's dtype; integer and
 boolean buffers are not parameters and must agree across checkpoints. Tensors tied in the first
 checkpoint (shared embeddings, §3.4) stay tied in the output. The output keeps the non-parameter
 fields (``cfg``, ``optimizer_history``, ...) of the first checkpoint of the list (the newest one
 when selecting from a directory), without the optimizer state or EMA copies, so it is about the
-size of the model. Every input is verified before it is used (each record's CRC-32: a
-damaged file is refused, naming it). The output is written atomically and read back and
-verified before it is moved into place: nothing is written when anything goes wrong, a full
-disk included (one line).
+size of the model. The output never replaces an input (the same path or the same file, a
+hard link included) nor a training checkpoint (one holding an optimizer state, such as
+``checkpoint_last.pt``): both are refused before anything is read. Every input is verified
+before it is used (each record's CRC-32: a damaged file is refused, naming it). The output is
+written atomically and read back and verified before it is moved into place: nothing is
+written when anything goes wrong, a full disk included (one line).
 """
 
 from __future__ import annotations
@@ -45,10 +50,19 @@ logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(me
 import torch  # noqa: E402
 
 from user_plugin.files import (  # noqa: E402
+    LOAD_ERRORS,
     UserError,
     read_checkpoint,
+    refuse_input_clash,
     run_main,
+    same_file,
     save_checkpoint,
+)
+from user_plugin.files.fingerprint import KEY as FINGERPRINT_KEY  # noqa: E402
+from user_plugin.files.fingerprint import (  # noqa: E402
+    fingerprint_mismatch,
+    missing_note,
+    stored_fingerprint,
 )
 
 UPDATE_CHECKPOINT = re.compile(r"checkpoint_(\d+)_(\d+)\.pt")
@@ -149,14 +163,13 @@ def average_checkpoints(paths: Sequence[Path]) -> dict:
     :class:`UserError` (one line naming the file) on any unreadable or mismatched checkpoint.
     """
     paths = [Path(path) for path in paths]
+    first_known = paths[0] if paths else None
     if not paths:
         raise UserError("no checkpoints to average")
-    seen: dict[Path, Path] = {}
-    for path in paths:
-        resolved = path.resolve()
-        if resolved in seen:
-            raise UserError(f"{path}: given twice (also as {seen[resolved]})")
-        seen[resolved] = path
+    for index, path in enumerate(paths):
+        for earlier in paths[:index]:
+            if same_file(path, earlier):  # the same path, a symbolic or a hard link
+                raise UserError(f"{path}: given twice (also as {earlier})")
 
     first = paths[0]
     state = load_checkpoint(first)
@@ -179,9 +192,22 @@ def average_checkpoints(paths: Sequence[Path]) -> dict:
         for field in DROPPED_EXTRA_FIELDS:
             state["extra_state"].pop(field, None)
 
+    trained_on = stored_fingerprint(state)
+    unknown = [] if trained_on is not None else [first]
     for path in paths[1:]:
-        other = load_checkpoint(path)["model"]
+        other_state = load_checkpoint(path)
+        other = other_state.pop("model")
         _check_same_layout(key_order, reference, other, first, path)
+        found = stored_fingerprint(other_state)
+        del other_state
+        if found is None:
+            unknown.append(path)
+        elif trained_on is None:
+            trained_on, first_known = found, path
+        else:
+            mismatch = fingerprint_mismatch(trained_on, found, str(first_known), str(path))
+            if mismatch is not None:
+                raise UserError(f"cannot average: {mismatch}")
         for key in key_order:
             tensor = other[key]
             if canonical[key] != key:
@@ -209,6 +235,10 @@ def average_checkpoints(paths: Sequence[Path]) -> dict:
             averaged[key] = sums.pop(key)
     state["model"] = averaged
     state["averaged_from"] = [path.name for path in paths]
+    if trained_on is not None:
+        state[FINGERPRINT_KEY] = trained_on
+    if unknown:
+        print(missing_note(unknown), file=sys.stderr, flush=True)
     return state
 
 
@@ -253,13 +283,32 @@ def resolve_inputs(args: argparse.Namespace) -> list[Path]:
     return [Path(path) for path in args.inputs]
 
 
+def refuse_replacing_a_training_checkpoint(output: Path) -> None:
+    """Refuse an ``output`` that is an existing training checkpoint (it holds an optimizer
+    state, as fairseq-train's ``checkpoint_last.pt`` does): the average would replace the
+    state a training run resumes from. A file that does not load as a checkpoint is not
+    one."""
+    if not output.is_file():
+        return
+    try:
+        state = torch.load(output, map_location="cpu", weights_only=True, mmap=True)
+    except LOAD_ERRORS:
+        return
+    if isinstance(state, dict) and state.get("last_optimizer_state") is not None:
+        raise UserError(f"{output}: is a training checkpoint (it holds an optimizer state); "
+                        "the average would replace it: choose another --output "
+                        "(nothing was written)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     paths = resolve_inputs(args)
+    refuse_input_clash(args.output, paths)
+    refuse_replacing_a_training_checkpoint(Path(args.output))
     print(f"averaging {len(paths)} checkpoint(s): {', '.join(str(path) for path in paths)}",
           flush=True)
     state = average_checkpoints(paths)
-    save_checkpoint(state, Path(args.output))
+    save_checkpoint(state, Path(args.output), inputs=paths)
     count = sum(tensor.numel() for tensor in {id(t): t for t in state["model"].values()}.values())
     print(f"wrote {args.output} ({count:,} averaged values)")
     return 0

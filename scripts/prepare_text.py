@@ -13,7 +13,14 @@ pipeline; this script provides each stage as a subcommand, streaming and line-al
 * ``sgm-to-text``: the segments of a WMT ``.sgm`` file, one per line;
 * ``spm-train`` / ``spm-encode``: a SentencePiece model and its pieces (the EN-FR word pieces);
 * ``extract-hypotheses``: fairseq-generate's ``H-`` lines in the original sentence order;
-* ``detokenize``: Moses detokenisation of the hypotheses before scoring.
+* ``detokenize``: Moses detokenisation of the hypotheses before scoring;
+* ``write-pipeline``: the record of the text pipeline the data was prepared with
+  (``text_pipeline.json``, with the subword model's sha256), which travels with the model;
+* ``encode``: raw text -> model tokens by such a record, as the hub and the exports encode it.
+
+The normalisation and tokenisation are those of
+:class:`user_plugin.artifacts.text_pipeline.TextPipeline` (its ``recipe`` settings): the one
+definition of the text pipeline that the hub, CTranslate2 and the exports also run.
 
 Lines end at LF only, in every subcommand (the rule of ``user_plugin.files.text`` and of
 ``wc -l``): a stray CR, form feed, NEL or U+2028 inside a sentence never changes a line count
@@ -41,6 +48,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
 
+from user_plugin.artifacts.text_pipeline import TextPipeline  # noqa: E402
 from user_plugin.files import (  # noqa: E402
     UserError,
     atomic_write,
@@ -61,8 +69,9 @@ SEG_PATTERN = re.compile(r"<seg[^>]*>(.*)</seg>")
 # Reading and writing line-aligned text
 
 
-def write_lines(path: Path, lines: Iterable[str]) -> int:
-    """Write ``lines`` (one per line, atomically) to ``path``; return how many were written."""
+def write_lines(path: Path, lines: Iterable[str], inputs: Sequence[Path] = ()) -> int:
+    """Write ``lines`` (one per line, atomically) to ``path``, never onto one of ``inputs``;
+    return how many were written."""
     count = 0
 
     def write(temp: str) -> None:
@@ -72,7 +81,7 @@ def write_lines(path: Path, lines: Iterable[str]) -> int:
                 handle.write(line + "\n")
                 count += 1
 
-    atomic_write(Path(path), write)
+    atomic_write(Path(path), write, inputs)
     return count
 
 
@@ -125,28 +134,20 @@ _WORKER_STATE: dict[str, object] = {}
 
 
 def _init_worker(lang: str, tokenize: bool) -> None:
-    from sacremoses import MosesPunctNormalizer, MosesTokenizer
-
-    _WORKER_STATE["normalizer"] = MosesPunctNormalizer(lang=lang, post_remove_control_chars=True)
-    _WORKER_STATE["tokenizer"] = MosesTokenizer(lang=lang) if tokenize else None
+    _WORKER_STATE["pipeline"] = TextPipeline.recipe(
+        lang, lang, "bpe" if tokenize else "sentencepiece")
 
 
 def _process_chunk(block: list[str]) -> list[str]:
-    normalizer = _WORKER_STATE["normalizer"]
-    tokenizer = _WORKER_STATE["tokenizer"]
-    out = []
-    for line in block:
-        text = normalizer.normalize(single_line(line))
-        if tokenizer is not None:
-            text = tokenizer.tokenize(text, aggressive_dash_splits=True, escape=False,
-                                      return_str=True)
-        out.append(single_line(text))
-    return out
+    pipeline: TextPipeline = _WORKER_STATE["pipeline"]  # type: ignore[assignment]
+    return [pipeline.pretokenize(line) for line in block]
 
 
 def normalize_lines(lines: Iterable[str], lang: str, tokenize: bool = True,
                     workers: int = 1) -> Iterator[str]:
-    """Moses-normalise punctuation and (optionally) tokenise ``lines``, keeping their order.
+    """The recipes' text pipeline before the subword step (:class:`TextPipeline.recipe`: Moses
+    punctuation normalisation, then, unless ``tokenize`` is off, Moses tokenisation with
+    aggressive dash splits and no escaping), keeping the order of ``lines``.
 
     One output line per input line, always (an empty line stays empty), so the two sides of a
     parallel corpus stay aligned. ``workers > 1`` tokenises chunks in parallel processes.
@@ -317,14 +318,16 @@ def spm_encode_lines(lines: Iterable[str], model: Path, workers: int = 1) -> Ite
 
 def cmd_normalize(args: argparse.Namespace) -> int:
     written = write_lines(args.output, normalize_lines(iter_lines(args.input), args.lang,
-                                                       not args.no_tokenize, args.workers))
+                                                       not args.no_tokenize, args.workers),
+                          [args.input])
     action = "normalised" if args.no_tokenize else "normalised and tokenised"
     print(f"{action} {written} lines: {args.input} -> {args.output}", file=sys.stderr)
     return 0
 
 
 def cmd_detokenize(args: argparse.Namespace) -> int:
-    written = write_lines(args.output, detokenize_lines(iter_lines(args.input), args.lang))
+    written = write_lines(args.output, detokenize_lines(iter_lines(args.input), args.lang),
+                          [args.input])
     print(f"detokenised {written} lines: {args.input} -> {args.output}", file=sys.stderr)
     return 0
 
@@ -370,7 +373,7 @@ def cmd_check_lines(args: argparse.Namespace) -> int:
 
 
 def cmd_sgm_to_text(args: argparse.Namespace) -> int:
-    written = write_lines(args.output, sgm_segments(iter_lines(args.input)))
+    written = write_lines(args.output, sgm_segments(iter_lines(args.input)), [args.input])
     if written == 0:
         raise UserError(f"{args.input}: no <seg> elements found")
     print(f"extracted {written} segments: {args.input} -> {args.output}", file=sys.stderr)
@@ -382,7 +385,7 @@ def cmd_extract_hypotheses(args: argparse.Namespace) -> int:
         hypotheses = parse_hypotheses(iter_lines(args.generate_output), args.expected)
     except UserError as error:
         raise UserError(f"{args.generate_output}: {error}") from None
-    write_lines(args.output, hypotheses)
+    write_lines(args.output, hypotheses, [args.generate_output])
     print(f"extracted {len(hypotheses)} hypotheses in source order -> {args.output}",
           file=sys.stderr)
     return 0
@@ -398,10 +401,27 @@ def cmd_spm_train(args: argparse.Namespace) -> int:
 
 def cmd_spm_encode(args: argparse.Namespace) -> int:
     written = write_lines(args.output,
-                          spm_encode_lines(iter_lines(args.input), args.model, args.workers))
+                          spm_encode_lines(iter_lines(args.input), args.model, args.workers),
+                          [args.input, args.model])
     print(f"encoded {written} lines: {args.input} -> {args.output}", file=sys.stderr)
     return 0
 
+
+
+def cmd_write_pipeline(args: argparse.Namespace) -> int:
+    pipeline = TextPipeline.recipe(args.source_lang, args.target_lang, args.subword, args.model)
+    path = pipeline.write(args.output)
+    print(f"text pipeline ({pipeline.describe()}) -> {path}", file=sys.stderr)
+    return 0
+
+
+def cmd_encode(args: argparse.Namespace) -> int:
+    pipeline = TextPipeline.load(args.pipeline)
+    written = write_lines(args.output, pipeline.encode_lines(iter_lines(args.input),
+                                                             target=args.target))
+    print(f"encoded {written} lines ({pipeline.describe()}): {args.input} -> {args.output}",
+          file=sys.stderr)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -466,6 +486,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("input", type=Path)
     p.add_argument("output", type=Path)
     p.set_defaults(func=cmd_spm_encode)
+
+    p = sub.add_parser("write-pipeline", help="the text pipeline record of the prepared data")
+    p.add_argument("--source-lang", required=True)
+    p.add_argument("--target-lang", required=True)
+    p.add_argument("--subword", required=True, choices=["bpe", "sentencepiece"])
+    p.add_argument("--model", type=Path, required=True, help="the BPE codes / SentencePiece "
+                   "model (named in the record with its sha256; keep it beside the record)")
+    p.add_argument("--output", type=Path, required=True, help="the record (JSON) to write")
+    p.set_defaults(func=cmd_write_pipeline)
+
+    p = sub.add_parser("encode", help="raw text -> model tokens by a text pipeline record")
+    p.add_argument("--pipeline", type=Path, required=True, help="text_pipeline.json")
+    p.add_argument("--target", action="store_true", help="the lines are target-side text")
+    p.add_argument("input", type=Path)
+    p.add_argument("output", type=Path)
+    p.set_defaults(func=cmd_encode)
     return parser
 
 

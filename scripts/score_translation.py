@@ -39,7 +39,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
 
-from user_plugin.files import UserError, atomic_write_text, iter_lines, run_main  # noqa: E402
+from user_plugin.files import (  # noqa: E402
+    UserError,
+    atomic_write_text,
+    iter_lines,
+    refuse_input_clash,
+    run_main,
+)
+from user_plugin.files.text import BYTE_ORDER_MARK  # noqa: E402
 
 #: ``perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'`` on bytes: ASCII whitespace only.
 COMPOUND_HYPHEN = re.compile(r"(\S)-(\S)", re.ASCII)
@@ -137,11 +144,18 @@ def sacrebleu_score(hypotheses: Sequence[str], references: Sequence[str],
     return bleu, str(metric.get_signature())
 
 
+def sentences(path: Path) -> list[str]:
+    """The lines of ``path`` by the line rule, without a byte-order mark at the start of the
+    file or of any line (files joined with ``cat`` keep each one's mark): a mark is not text,
+    and glued to the first word it would make that word differ from the hypothesis'."""
+    return [line.removeprefix(BYTE_ORDER_MARK) for line in iter_lines(path)]
+
+
 def read_pair(hyp: Path, ref: Path) -> tuple[list[str], list[str]]:
     """Hypothesis and reference lines, refusing files whose line counts differ. Only LF ends a
     line (the project's rule, that of ``wc -l`` and the recipes' checks): a stray CR, form
     feed, NEL or U+2028 inside a sentence stays in it, so line N of both files stays a pair."""
-    hypotheses, references = list(iter_lines(hyp)), list(iter_lines(ref))
+    hypotheses, references = sentences(hyp), sentences(ref)
     if len(hypotheses) != len(references):
         raise UserError(f"line counts differ: {hyp} has {len(hypotheses)} lines, {ref} has "
                         f"{len(references)}")
@@ -186,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     compound_split = not args.no_compound_split
+    if args.output_json is not None:
+        refuse_input_clash(args.output_json, [args.hyp, args.ref])
     tokenized, sacre, report = score_files(args.hyp, args.ref, args.target_lang, compound_split)
     how = "with" if compound_split else "without"
     print(f"scored {report['num_sentences']} sentences of {args.hyp} against {args.ref}")
@@ -193,7 +209,8 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{tokenized}")
     print(f"sacreBLEU: {sacre} {report['sacrebleu']['signature']}")
     if args.output_json is not None:
-        atomic_write_text(args.output_json, json.dumps(report, indent=2) + "\n")
+        atomic_write_text(args.output_json, json.dumps(report, indent=2) + "\n",
+                          inputs=[args.hyp, args.ref])
         print(f"wrote {args.output_json}")
     return 0
 

@@ -48,7 +48,8 @@ from user_plugin.files import TEMP_SUFFIX, run_main
 sys.path.insert(0, str(REPO / "scripts"))
 average_checkpoints = importlib.import_module("average_checkpoints")
 prepare_text = importlib.import_module("prepare_text")
-NOISE = ("Warning", "warnings.warn", "tensorboardX", "autocast")  # library chatter on stderr
+NOISE = ("Warning", "warnings.warn", "tensorboardX", "autocast",  # library chatter on stderr
+         "assuming the recipes' text pipeline")  # the hub on a directory without a record
 
 
 MAX_UPDATE = 30

@@ -94,6 +94,7 @@ def test_training_falls_resumes_and_decodes_in_each_precision(dry_run):
 def test_decoding_against_stock_fairseq_gives_identical_hypotheses(dry_run):
     section = dry_run["report"]["sections"]["decoding"]
     assert section["sentences"] == 30 and section["identical_hypotheses"] == 30
+    assert section["model"] == "train/fp32/checkpoint_last.pt" and section["output_tokens"] > 0
     assert "without --user-dir" in section["stock_process"]
     assert section["sentences_per_s"]["ours"] > 0 and section["sentences_per_s"]["stock"] > 0
 
@@ -146,6 +147,7 @@ def test_a_section_without_its_input_is_skipped_and_the_report_still_written(tin
     report = json.loads((tmp_path / "gpu_report.json").read_text())
     assert report["sections"]["decoding"]["status"] == "skipped"
     assert "training section" in report["sections"]["decoding"]["reason"]
+    assert "demo" in report["sections"]["decoding"]["reason"]
     assert proc.returncode == 0
 
 

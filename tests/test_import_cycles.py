@@ -8,11 +8,6 @@ from cli import REPO
 
 PACKAGE = REPO / "user_plugin"
 
-# TEMPORARY: the export <-> hub circle is being removed on its own branch (text pipelines);
-# delete this entry once that branch is merged. Any other cycle fails the test.
-TEMPORARY_ALLOWED_CYCLE_EXPORT_HUB = ("user_plugin.export", "user_plugin.hub")
-
-
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(REPO).with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -79,10 +74,6 @@ def cycles(graph: dict) -> list:
     return found
 
 
-def allowed(component: list) -> bool:
-    return all(member.startswith(TEMPORARY_ALLOWED_CYCLE_EXPORT_HUB) for member in component)
-
-
 def test_the_graph_sees_the_plugins_imports():
     graph = import_graph()
     assert "user_plugin.fairseq_patches" in graph["user_plugin.registration"]
@@ -96,5 +87,4 @@ def test_the_cycle_finder_finds_a_cycle():
 
 
 def test_no_import_circle_in_the_plugin():
-    circles = [component for component in cycles(import_graph()) if not allowed(component)]
-    assert circles == []
+    assert cycles(import_graph()) == []

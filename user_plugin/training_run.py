@@ -2,7 +2,7 @@
 
 fairseq-train keeps a run's whole state in its ``--save-dir``; a rerun of the same command
 resumes from ``checkpoint_last.pt``. :mod:`user_plugin.fairseq_patches` (when the plugin is
-imported) wraps four of fairseq's ``checkpoint_utils`` functions, which ``fairseq_cli.train``
+imported) wraps five of fairseq's ``checkpoint_utils`` functions, which ``fairseq_cli.train``
 and the trainer look up there at call time, so that:
 
 * **One writer per save directory.** The process of global rank 0 takes the directory's lock
@@ -28,6 +28,15 @@ and the trainer look up there at call time, so that:
 * **Saves fail in one line.** Checkpoints are written by
   :func:`~user_plugin.files.checkpoints.save_checkpoint` (atomic; a full disk is one line and
   leaves no partial file; the previous checkpoints stay intact).
+* **What a checkpoint was trained on travels with it.** Every checkpoint saved holds the run's
+  training fingerprint (:mod:`~user_plugin.files.fingerprint`: the sha256 of each dictionary's
+  token order, and the language direction) under the top-level key
+  :data:`~user_plugin.files.fingerprint.KEY`, added to the state fairseq saves. A resume on
+  data whose fingerprint differs (same-size dictionaries in another order, swapped languages)
+  is one line naming both fingerprints; ``load_model_ensemble_and_task`` (fairseq-generate's
+  ``--path a:b`` ensembles, the hub, the export) refuses checkpoints whose fingerprints differ
+  from each other or whose dictionaries differ from the data's. A checkpoint without a
+  fingerprint (older) is used with one note line saying it cannot be checked.
 * **Every checkpoint fairseq reads is verified**, in every command that loads the plugin
   (``fairseq-generate``, ``fairseq-interactive``...): a damaged, truncated or foreign file is
   one line naming it.
@@ -55,6 +64,15 @@ from .files.checkpoints import (
     state_dict_mismatch,
 )
 from .files.errors import UserError, file_error
+from .files.fingerprint import KEY as FINGERPRINT_KEY
+from .files.fingerprint import (
+    dictionary_mismatch,
+    ensemble_mismatch,
+    fingerprint_mismatch,
+    missing_note,
+    stored_fingerprint,
+    task_fingerprint,
+)
 from .files.lock import DirectoryLock
 
 logger = logging.getLogger(__name__)
@@ -69,6 +87,9 @@ RESUMABLE = re.compile(r"checkpoint(\d+|_\d+_\d+|_best|\.best_.+)\.pt")
 
 _locks: dict[Path, DirectoryLock] = {}
 _verified: dict[Path, tuple[int, int]] = {}
+#: The training fingerprint of this process's run (its task's dictionaries and languages),
+#: written into every checkpoint it saves.
+_run_fingerprint: dict[str, str] | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,7 +257,25 @@ def plan_resume(cfg, trainer) -> dict:
                                    "the model being trained", "the checkpoint")
     if mismatch is not None:
         return {"error": f"{source}: cannot resume: {mismatch}; train into another --save-dir"}
+    mismatch = training_data_mismatch(state, source, trainer.task)
+    if mismatch is not None:
+        return {"error": f"cannot resume: {mismatch}; train into another --save-dir"}
     return {"restore": None if restore is None else str(restore)}
+
+
+def training_data_mismatch(state: dict, path: Path, task) -> str | None:
+    """How the training fingerprint stored in ``state`` (read from ``path``) differs from that
+    of the run's ``task`` (same-size dictionaries in another token order, swapped languages),
+    naming both; None when they agree, or with a note when the checkpoint has none."""
+    expected = task_fingerprint(task)
+    if expected is None:
+        return None
+    stored = stored_fingerprint(state)
+    if stored is None:
+        logger.warning(missing_note([path]))
+        return None
+    data = getattr(task.cfg, "data", None) or "this run"
+    return fingerprint_mismatch(expected, stored, f"the data of this run ({data})", str(path))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,6 +293,8 @@ def _guarded_load_checkpoint(load_checkpoint):
     def load(cfg, trainer, **passthrough_args):
         from fairseq.distributed import utils as distributed_utils
 
+        global _run_fingerprint
+        _run_fingerprint = task_fingerprint(trainer.task)
         if _is_global_master(trainer):
             claim_save_dir(cfg.save_dir)
         plan = plan_resume(cfg, trainer) if trainer.data_parallel_rank == 0 else None
@@ -291,6 +332,9 @@ def _one_line_torch_persistent_save(torch_persistent_save):
     def persistent_save(obj, filename, async_write: bool = False):
         from fairseq.file_io import PathManager
 
+        if isinstance(obj, dict) and "model" in obj and _run_fingerprint is not None:
+            obj = {**obj, FINGERPRINT_KEY: dict(_run_fingerprint)}
+
         if async_write or PathManager.path_requires_pathmanager(filename):
             return torch_persistent_save(obj, filename, async_write=async_write)
         try:
@@ -320,3 +364,56 @@ def _verifying_load_checkpoint_to_cpu(load_checkpoint_to_cpu):
             raise load_error(local, error, upgrade=True) from None
 
     return load_to_cpu
+
+
+def check_ensemble(filenames, task=None, state=None) -> None:
+    """Refuse checkpoints that cannot be used together or with ``task``'s dictionaries: their
+    training fingerprints must agree with each other (direction and dictionaries), and each
+    language's dictionary must have the token order the checkpoint was trained with. One note
+    line names the checkpoints that hold no fingerprint."""
+    named = []
+    for filename in filenames:
+        found = state
+        if found is None and Path(filename).is_file():
+            found = read_metadata(Path(filename))
+        if found is not None:
+            named.append((filename, stored_fingerprint(found), found))
+    missing = [filename for filename, found, _ in named if found is None]
+    if missing:
+        logger.warning(missing_note(missing))
+    mismatch = ensemble_mismatch([(filename, found) for filename, found, _ in named])
+    if mismatch is not None:
+        raise UserError(mismatch)
+    expected = task_fingerprint(task) if task is not None else None
+    if expected is None:
+        return
+    data = getattr(task.cfg, "data", None) or "the task"
+    for filename, found, state in named:
+        if found is None or not vocabulary_sizes_fit(state, task):
+            continue  # fairseq's load then names the parameter and both shapes
+        mismatch = dictionary_mismatch(expected, found, f"the data of {data}", filename)
+        if mismatch is not None:
+            raise UserError(f"cannot use {filename} with the dictionaries of {data}: "
+                            f"{mismatch}")
+
+
+def vocabulary_sizes_fit(state: dict, task) -> bool:
+    """Whether the embedding tables of a checkpoint's model have as many rows as the task's
+    dictionaries have entries (a mismatch is reported by the load, naming the shapes)."""
+    model = state.get("model") or {}
+    for key, dictionary in (("encoder.embed_tokens.weight", task.source_dictionary),
+                            ("decoder.embed_tokens.weight", task.target_dictionary)):
+        table = model.get(key)
+        if table is not None and getattr(table, "shape", (len(dictionary),))[0] != \
+                len(dictionary):
+            return False
+    return True
+
+
+def _checking_load_model_ensemble_and_task(load_model_ensemble_and_task):
+    @functools.wraps(load_model_ensemble_and_task)
+    def load(filenames, arg_overrides=None, task=None, *args, **kwargs):
+        check_ensemble(filenames, task, kwargs.get("state"))
+        return load_model_ensemble_and_task(filenames, arg_overrides, task, *args, **kwargs)
+
+    return load

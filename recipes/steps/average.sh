@@ -36,4 +36,15 @@ log "averaging the last $count update checkpoints of $CKPT_DIR"
 run python "$AVERAGE_SCRIPT" --inputs "$CKPT_DIR" --num-update-checkpoints "$count" \
   --output "$AVG_DIR/checkpoint_avg.pt"
 [ -s "$AVG_DIR/checkpoint_avg.pt" ] || die "$AVERAGE_SCRIPT wrote no $AVG_DIR/checkpoint_avg.pt"
-step_mark_done "$AVG_DIR" "$config" "$CKPT_DIR" -- checkpoint_avg.pt
+# The text pipeline record and its subword model travel with the averaged model (the hub reads
+# them); data prepared elsewhere has none, and the hub then says which pipeline it assumes.
+carried=()
+if [ -f "$PREP_DIR/text_pipeline.json" ]; then
+  subword_model=$(python -c 'import json,sys; print(json.load(open(sys.argv[1]))["subword_model"])' \
+    "$PREP_DIR/text_pipeline.json") || die "$PREP_DIR/text_pipeline.json is not readable"
+  for name in text_pipeline.json "$subword_model"; do
+    cp "$PREP_DIR/$name" "$AVG_DIR/$name.tmp" && mv "$AVG_DIR/$name.tmp" "$AVG_DIR/$name"
+    carried+=("$name")
+  done
+fi
+step_mark_done "$AVG_DIR" "$config" "$CKPT_DIR" -- checkpoint_avg.pt "${carried[@]}"

@@ -29,6 +29,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 start_pair_run "$@"
 
 RAW_DIR=${RAW_DIR:-}
+require_usable_path RAW_DIR
 [ -z "$RAW_DIR" ] || RAW_DIR=$(cd "$RAW_DIR" 2>/dev/null && pwd) || die "RAW_DIR '$RAW_DIR' is not a directory"
 DOWNLOAD_DIR=${DOWNLOAD_DIR:-$WORK_DIR/downloads}
 TRAIN_LINES=${TRAIN_LINES:-0}
@@ -55,7 +56,17 @@ else
 fi
 config="v1 $S-$T raw=${RAW_DIR:-download} train_lines=$TRAIN_LINES len=$MIN_LEN..$MAX_LEN"
 config+=" ratio=$LEN_RATIO $subword_config"
-if step_is_done "$PREP_DIR" "$config"; then
+# The raw text of a local mirror is identified by its content (sha256 of each file), so that a
+# file edited in place (a corrected reference) redoes the step.
+raw_inputs=()
+if [ -n "$RAW_DIR" ]; then
+  for split in train valid test; do
+    for lang in "$S" "$T"; do
+      raw_inputs+=("$RAW_DIR/$split.$lang")
+    done
+  done
+fi
+if step_is_done "$PREP_DIR" "$config" "${raw_inputs[@]}"; then
   log "already done ($PREP_DIR/.done); skipping"
   exit 0
 fi
@@ -172,7 +183,11 @@ for split in train valid test; do
 done
 python "$PREPARE_TEXT" check-lines "$PREP_DIR/test.$S" "$PREP_DIR/test.ref.$T" > /dev/null \
   || die "the test set and its reference differ in length"
+# The text pipeline record (settings + the subword model's sha256): the model carries it, and the
+# hub and the exports encode raw text by it.
+python "$PREPARE_TEXT" write-pipeline --source-lang "$S" --target-lang "$T" --subword "$SUBWORD" \
+  --model "$PREP_DIR/${subword_outputs[0]}" --output "$PREP_DIR/text_pipeline.json"
 rm -rf "$tmp"
-step_mark_done "$PREP_DIR" "$config" -- \
+step_mark_done "$PREP_DIR" "$config" "${raw_inputs[@]}" -- \
   "train.$S" "train.$T" "valid.$S" "valid.$T" "test.$S" "test.$T" \
-  "test.ref.$T" "test.raw.$S" "${subword_outputs[@]}"
+  "test.ref.$T" "test.raw.$S" "${subword_outputs[@]}" text_pipeline.json

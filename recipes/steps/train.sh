@@ -70,6 +70,7 @@ EXTRA_ARGS=${EXTRA_ARGS:-}
 for name in WARMUP_UPDATES MAX_TOKENS TOKENS_PER_STEP SEED LOG_INTERVAL; do
   require_int "$name"
 done
+[ "$MAX_UPDATE" -gt 0 ] || die "MAX_UPDATE must be positive (fairseq-train reads 0 as no limit)"
 [ "$MAX_TOKENS" -gt 0 ] || die "MAX_TOKENS must be positive"
 [ "$TOKENS_PER_STEP" -gt 0 ] || die "TOKENS_PER_STEP must be positive"
 [ "$SAVE_INTERVAL_UPDATES" -gt 0 ] || die "SAVE_INTERVAL_UPDATES must be positive (averaging needs interval checkpoints)"

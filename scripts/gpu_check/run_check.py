@@ -26,7 +26,8 @@ Sections:
 ``decoding``
     ``fairseq-generate``, beam 4, on the Multi30k test set: ours (the fp32 run's checkpoint)
     against stock fairseq (the same weights exported with ``user_plugin.export --to fairseq``,
-    decoded in a process without ``--user-dir``); sentences/s and identical hypotheses.
+    decoded in a process without ``--user-dir``); sentences/s and identical hypotheses. With
+    ``--sections demo,decoding`` it decodes the demo's trained model instead.
 ``speed``
     training throughput at about the paper's 25k tokens per step, for base and big: stock
     fairseq (``transformer_wmt_en_de`` / ``transformer_vaswani_wmt_en_de_big`` with its own
@@ -68,6 +69,11 @@ from typing import Any, Dict, List, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[2]
 KIT = Path(__file__).resolve().parent
+sys.path.insert(0, str(REPO))
+
+from user_plugin.files import UserError  # noqa: E402  (neither imports torch or fairseq)
+from user_plugin.training_log import read_training_log  # noqa: E402
+
 PLUGIN = REPO / "user_plugin"
 SECTIONS = ("equivalence", "training", "decoding", "speed", "profile", "demo")
 #: Dense bf16/fp16 tensor-core peak of the H100 and H200 (SXM) on paper, TFLOP/s.
@@ -279,12 +285,13 @@ class Check:
                                      remaining))
             if runs[-1]["code"] != 0:
                 return failed(runs[-1])
-        records = train_records(runs[0]["output"]) + train_records(runs[1]["output"])
-        losses = [float(r["loss"]) for r in records if "loss" in r]
+        logs = [read_training_log(self.logs / f"train-{precision}-{phase}.log")
+                for phase in ("start", "resume")]
+        losses = [v for log in logs for v in log.series("train", "loss").values]
+        scales = [v for log in logs for v in log.series("train", "loss_scale").values]
         resumed = re.search(r"loaded checkpoint .*\(epoch \d+ @ (\d+) updates\)",
                             runs[1]["output"], re.IGNORECASE)
         overflows = sum(o["output"].count("gradient overflow detected") for o in runs)
-        scales = [float(r["loss_scale"]) for r in records if "loss_scale" in r]
         generate = self.command(f"generate-{precision}", self.fairseq("generate", [
             self.data, "--user-dir", PLUGIN, "--task", "vaswani_translation",
             "--path", save_dir / "checkpoint_last.pt", "--beam", "4", "--lenpen", "0.6",
@@ -325,9 +332,14 @@ class Check:
 
     def section_decoding(self, budget: float) -> Dict[str, Any]:
         started = time.time()
-        ours_checkpoint = self.work / "train" / "fp32" / "checkpoint_last.pt"
-        if not ours_checkpoint.exists():
-            return {"status": "skipped", "reason": "no fp32 checkpoint from the training section"}
+        # the demo's averaged model when the demo ran first (a trained model: real output
+        # lengths), else the training section's fp32 model (mechanics only)
+        candidates = [self.work / "demo" / "checkpoint_avg.pt",
+                      self.work / "train" / "fp32" / "checkpoint_last.pt"]
+        ours_checkpoint = next((c for c in candidates if c.exists()), None)
+        if ours_checkpoint is None:
+            return {"status": "skipped",
+                    "reason": "no checkpoint from the demo or the training section"}
         stock_checkpoint = self.work / "decode" / "stock.pt"
         stock_checkpoint.parent.mkdir(parents=True, exist_ok=True)
         export = self.command("export-fairseq", [
@@ -353,7 +365,9 @@ class Check:
         speed = {impl: float(TRANSLATED.search(run["output"]).group(4))
                  for impl, run in runs.items()}
         same = sum(hyps["ours"].get(i) == h for i, h in hyps["stock"].items())
-        result = {"sentences": len(hyps["stock"]), "identical_hypotheses": same,
+        result = {"model": str(ours_checkpoint.relative_to(self.work)),
+                  "output_tokens": sum(len(h.split()) for h in hyps["ours"].values()),
+                  "sentences": len(hyps["stock"]), "identical_hypotheses": same,
                   "sentences_per_s": speed, "ratio_ours_over_stock": speed["ours"] / speed["stock"],
                   "precision": "fp32", "beam": 4,
                   "stock_process": "fairseq-generate without --user-dir (no plugin)"}
@@ -400,10 +414,14 @@ class Check:
             if run["code"] != 0:
                 results["runs"][name] = failed(run)
                 continue
-            records = [r for r in train_records(run["output"])
-                       if int(r.get("num_updates", 0)) > s.speed_interval]
+            try:
+                series = read_training_log(self.logs / f"{name}.log").series("train", "wps")
+            except UserError as error:
+                results["runs"][name] = {"status": "failed", "error": str(error)}
+                continue
+            counted = [v for u, v in zip(series.updates, series.values) if u > s.speed_interval]
             memory = json.loads((self.logs / f"{name}.memory.json").read_text())
-            wps = statistics.mean(float(r["wps"]) for r in records) if records else None
+            wps = statistics.mean(counted) if counted else None
             _, _, layers, dim, ffn = s.speed_sizes[size]
             flops = training_flops_per_target_token(layers, dim, ffn, stats)
             results["runs"][name] = {
@@ -499,13 +517,14 @@ class Check:
             return failed(generate)
         hyps = hypotheses(generate["output"])
         bleu = sacrebleu_of(hyps, self.data / "test.raw.de")
-        records = [r for r in train_records(train["output"]) if "loss" in r]
+        last_loss = read_training_log(self.logs / "demo-train.log").series("train",
+                                                                         "loss").last()
         return {"status": "passed" if bleu is not None else "failed",
                 "updates": s.demo_updates, "precision": "bf16 (the plugin's autocast)",
                 "train_seconds": round(trained, 1),
                 "wall_seconds": round(time.time() - started, 1),
                 "sacrebleu": bleu, "test_sentences": len(hyps),
-                "last_train_loss": float(records[-1]["loss"]) if records else None}
+                "last_train_loss": last_loss[1] if last_loss else None}
 
     # ---------------------------------------------------------------------------------------
 
@@ -545,20 +564,6 @@ class Check:
 def failed(result: Dict[str, Any]) -> Dict[str, Any]:
     return {"status": "failed", "command": result["name"], "exit": result["code"],
             "seconds": result["seconds"], "output_tail": result["output"][-1500:]}
-
-
-def train_records(output: str) -> List[Dict[str, Any]]:
-    """fairseq-train's ``--log-format json`` records of the training loop, in order."""
-    records = []
-    for line in output.splitlines():
-        start = line.find("{")
-        if start < 0 or "train_inner" not in line[:start]:
-            continue
-        try:
-            records.append(json.loads(line[start:]))
-        except json.JSONDecodeError:
-            continue
-    return records
 
 
 def hypotheses(output: str) -> Dict[int, str]:

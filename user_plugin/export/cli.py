@@ -1,12 +1,16 @@
-"""``python -m user_plugin.export CHECKPOINT --data-dir DATA_BIN --to fairseq|ctranslate2
---output OUT``: export one of our checkpoints (the averaged one included).
+"""``python -m user_plugin.export CHECKPOINT --data-dir DATA_BIN --to
+fairseq|ctranslate2|transformers --output OUT``: export one of our checkpoints (the averaged one
+included).
 
 * ``--to fairseq``: OUT is a checkpoint of fairseq's built-in ``transformer`` that stock
   ``fairseq-generate DATA_BIN --path OUT`` decodes without ``--user-dir``;
 * ``--to ctranslate2``: OUT is a CTranslate2 model directory (``--quantization`` int8, float32
   ...), with the vocabularies, the text pipeline's subword model and the language pair, which
   ``load_translator(OUT, backend="ctranslate2")`` and ``python -m user_plugin.hub OUT --backend
-  ctranslate2`` translate raw text with.
+  ctranslate2`` translate raw text with;
+* ``--to transformers``: OUT is a Hugging Face transformers model directory (MarianMTModel or
+  FSMTForConditionalGeneration with its tokenizer) that ``from_pretrained`` loads, with the text
+  pipeline record for the exact tokenization route.
 
 Bad input (a missing or foreign file, an architecture the target cannot express) is one error
 line and nothing is written.
@@ -22,7 +26,7 @@ from collections.abc import Sequence
 from ..files.errors import run_main
 
 PROG = "python -m user_plugin.export"
-TARGETS = ("fairseq", "ctranslate2")
+TARGETS = ("fairseq", "ctranslate2", "transformers")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,12 +42,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quantization", default=None,
                         help="--to ctranslate2: weight type (int8, int8_float32, int16, "
                         "float16, bfloat16, float32; default: float32)")
-    parser.add_argument("--bpe-codes", help="--to ctranslate2: subword-nmt codes to ship "
+    parser.add_argument("--bpe-codes", help="--to ctranslate2/transformers: subword-nmt codes "
+                        "to ship, when the model has no text_pipeline.json record "
                         "(default: bpecodes/codes/code beside the checkpoint or in the data dir)")
-    parser.add_argument("--sentencepiece-model", help="--to ctranslate2: SentencePiece model "
+    parser.add_argument("--sentencepiece-model", help="--to ctranslate2/transformers: "
+                        "SentencePiece model "
                         "to ship (default: spm.model/sentencepiece.bpe.model, likewise)")
     parser.add_argument("--no-moses", action="store_true",
-                        help="--to ctranslate2: the text is not Moses-tokenized (default: Moses "
+                        help="--to ctranslate2/transformers: the text is not Moses-tokenized "
+                        "(default: the text pipeline record, else Moses "
                         "unless a SentencePiece model is shipped)")
     return parser
 
@@ -60,7 +67,27 @@ def export(args: argparse.Namespace) -> str:
                                          args.source_lang, args.target_lang)
         return (f"wrote {path}: fairseq's transformer (decode with fairseq-generate "
                 f"{args.data_dir} --path {path}, no --user-dir)")
+    if args.to == "transformers":
+        from .transformers_model import export_transformers
+
+        if args.quantization is not None:
+            raise_usage("--quantization is an option of --to ctranslate2")
+        exported = export_transformers(
+            args.checkpoint, args.data_dir, args.output, source_lang=args.source_lang,
+            target_lang=args.target_lang, bpe_codes=args.bpe_codes,
+            sentencepiece_model=args.sentencepiece_model,
+            moses=False if args.no_moses else None)
+        return f"wrote {exported.directory}: {exported.summary()}"
     from .ctranslate2_model import export_ctranslate2
+
+    if args.bpe_codes is not None:
+        from pathlib import Path
+
+        from ..files.dictionaries import bpe_codes_problem
+
+        problem = bpe_codes_problem(args.bpe_codes, sorted(Path(args.data_dir).glob("dict.*.txt")))
+        if problem is not None:
+            raise_usage(f"--bpe-codes {problem}; nothing was written")
 
     written = export_ctranslate2(
         args.checkpoint, args.data_dir, args.output, quantization=args.quantization,
@@ -79,6 +106,11 @@ def raise_usage(message: str) -> None:
 
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
+    from pathlib import Path
+
+    from ..files.atomic import refuse_input_clash
+
+    refuse_input_clash(args.output, [args.checkpoint, *Path(args.data_dir).glob("dict.*.txt")])
     print(f"exporting {args.checkpoint} to {args.to} ({args.output})", file=sys.stderr)
     print(export(args), file=sys.stderr)
     return 0

@@ -24,7 +24,6 @@ equal our model's), then moved into place.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -35,41 +34,26 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..artifacts.ctranslate2_layout import (
+    BPE_CODES_NAME,
+    FORMAT,
+    MANIFEST,
+    SENTENCEPIECE_NAME,
+    check_export_directory,
+    ctranslate2_vocabulary,
+    file_records,
+    require_ctranslate2,
+)
+from ..artifacts.errors import ArtifactError as ExportError
+from ..artifacts.text_pipeline import RECORD_NAME
 from ..files.atomic import atomic_write_text, make_temp_dir
 from ..files.errors import UserError, file_error
 from ..paper import BEAM, LENPEN, MAX_LEN_OVER_SOURCE
-from .fairseq_checkpoint import ExportError, load_our_model, probe_batch, to_builtin_transformer
+from .fairseq_checkpoint import load_our_model, probe_batch, to_builtin_transformer
 
-#: The file of an export directory that describes it (see the module docstring).
-MANIFEST = "vaswani_export.json"
-#: The manifest's format name; a directory without it is not one of our exports.
-FORMAT = "vaswani-ctranslate2/1"
-#: What a manifest must hold besides its format.
-MANIFEST_KEYS = ("source_lang", "target_lang", "moses", "bpe_codes", "sentencepiece_model",
-                 "max_source_positions", "max_target_positions", "files")
-#: Names the subword model gets in the directory (the hub looks for these first).
-BPE_CODES_NAME = "bpecodes"
-SENTENCEPIECE_NAME = "sentencepiece.bpe.model"
-#: CTranslate2's name for fairseq's padding symbol (what its fairseq converter uses).
-CT2_PAD = "<blank>"
 #: Largest difference between our model's and the float32 CTranslate2 model's token
 #: log-probabilities on the verification batch (different GEMM kernels, same float32).
 VERIFY_TOLERANCE = 1e-3
-
-
-def require_ctranslate2():
-    """The ``ctranslate2`` module, or a one-line error saying how to install it."""
-    try:
-        import ctranslate2
-    except ImportError:
-        raise UserError("CTranslate2 is not installed: pip install 'ctranslate2==4.8.5' "
-                        "(or the project's extra: pip install -e '.[ctranslate2]')") from None
-    return ctranslate2
-
-
-def ctranslate2_vocabulary(dictionary: Any) -> list[str]:
-    """A fairseq dictionary's symbols in CTranslate2's convention (padding is ``<blank>``)."""
-    return [CT2_PAD if symbol == "<pad>" else symbol for symbol in dictionary.symbols]
 
 
 def transformer_spec(theirs: nn.Module, task: Any):
@@ -119,94 +103,6 @@ def transformer_spec(theirs: nn.Module, task: Any):
     spec.config.decoder_start_token = spec.config.eos_token
     spec.config.add_source_eos = True
     return spec
-
-
-def sha256_of(path: Path) -> str:
-    """The sha256 of a file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def file_records(directory: Path) -> dict[str, dict[str, Any]]:
-    """``name -> {"bytes", "sha256"}`` of every file in ``directory`` but the manifest."""
-    return {
-        path.name: {"bytes": path.stat().st_size, "sha256": sha256_of(path)}
-        for path in sorted(directory.iterdir()) if path.is_file() and path.name != MANIFEST
-    }
-
-
-def read_manifest(directory: str | os.PathLike) -> dict:
-    """The manifest of an export directory; a one-line error when there is none or it is not
-    ours."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise UserError(f"{directory}: no such directory (a CTranslate2 export of "
-                        "python -m user_plugin.export --to ctranslate2)")
-    path = directory / MANIFEST
-    if not path.is_file():
-        raise UserError(f"{directory}: not a CTranslate2 export of vaswani (no {MANIFEST}; "
-                        "export one with python -m user_plugin.export ... --to ctranslate2)")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as error:
-        raise file_error(path, error) from None
-    except json.JSONDecodeError as error:
-        raise UserError(f"{path}: corrupt manifest (not JSON: {error.msg} at line "
-                        f"{error.lineno})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise UserError(f"{path}: not a manifest of format {FORMAT}")
-    missing = [key for key in MANIFEST_KEYS if key not in manifest]
-    if missing:
-        raise UserError(f"{path}: corrupt manifest (no {missing[0]!r})")
-    return manifest
-
-
-def check_export_directory(directory: str | os.PathLike) -> dict:
-    """Read the manifest of ``directory`` and check that every file it lists is there with its
-    recorded size and sha256, and that nothing else is; returns the manifest. A one-line error
-    names the first file that differs (a corrupt or partly replaced directory)."""
-    directory = Path(directory)
-    manifest = read_manifest(directory)
-    recorded = manifest.get("files")
-    if not isinstance(recorded, dict) or not recorded:
-        raise UserError(f"{directory / MANIFEST}: lists no files")
-    for name, record in recorded.items():
-        path = directory / name
-        if not isinstance(record, dict):
-            raise UserError(f"{directory / MANIFEST}: corrupt manifest (entry {name!r})")
-        if not path.is_file():
-            raise UserError(f"{path}: missing from the export (listed in {MANIFEST})")
-        size = path.stat().st_size
-        if size != record.get("bytes"):
-            raise UserError(f"{path}: {size} bytes, but the export wrote {record.get('bytes')}: "
-                            "the directory is corrupt or mixed with another export")
-        if sha256_of(path) != record.get("sha256"):
-            raise UserError(f"{path}: content differs from the export (sha256): the directory "
-                            "is corrupt or mixed with another export")
-    extra = sorted(p.name for p in directory.iterdir() if p.name not in recorded
-                   and p.name != MANIFEST)
-    if extra:
-        raise UserError(f"{directory / extra[0]}: not part of the export (mixed with another "
-                        "model's files?)")
-    return manifest
-
-
-def find_subword_model(name: str | os.PathLike | None, names: tuple[str, ...],
-                       places: list[Path]) -> Path | None:
-    """The given subword model (which must exist), else the first of ``names`` in ``places``."""
-    if name is not None:
-        path = Path(name)
-        if not path.is_file():
-            raise UserError(f"{path}: no such file")
-        return path
-    for place in places:
-        for candidate in names:
-            if (place / candidate).is_file():
-                return place / candidate
-    return None
 
 
 def max_score_difference(ours: nn.Module, task: Any, directory: Path) -> float:
@@ -282,7 +178,7 @@ def export_ctranslate2(
     ``data_dir``), with weights of type ``quantization`` (default float32), the subword model
     (given, or found beside the checkpoint or in ``data_dir``) and :data:`MANIFEST`. Verified
     and moved into place whole; raises a one-line ``UserError`` with nothing written."""
-    from ..hub.model_files import BPE_CODES_NAMES, SENTENCEPIECE_NAMES
+    from ..artifacts.model_files import checkpoint_text_pipeline
 
     ctranslate2 = require_ctranslate2()
     quantization = quantization or "float32"
@@ -296,13 +192,11 @@ def export_ctranslate2(
         raise UserError(f"{output}: exists and is not a CTranslate2 export of vaswani; "
                         "remove it or choose another --output")
     ours, task, _ = load_our_model(checkpoint, data_dir, source_lang, target_lang)
-    places = [Path(checkpoint).parent, data_dir]
-    bpe = find_subword_model(bpe_codes, BPE_CODES_NAMES, places)
-    spm = find_subword_model(sentencepiece_model, SENTENCEPIECE_NAMES, places)
-    if bpe is not None and spm is not None:
-        raise UserError(f"found both BPE codes ({bpe}) and a SentencePiece model ({spm}): "
-                        "give the one the model was trained with (--bpe-codes or "
-                        "--sentencepiece-model)")
+    pipeline = checkpoint_text_pipeline(checkpoint, data_dir, task.cfg.source_lang,
+                                        task.cfg.target_lang, bpe_codes, sentencepiece_model,
+                                        moses)
+    bpe = pipeline.model_path if pipeline.subword == "bpe" else None
+    spm = pipeline.model_path if pipeline.subword == "sentencepiece" else None
     spec = transformer_spec(to_builtin_transformer(ours, task), task)
     manifest = {
         "format": FORMAT,
@@ -310,7 +204,7 @@ def export_ctranslate2(
         "source_lang": task.cfg.source_lang,
         "target_lang": task.cfg.target_lang,
         "quantization": quantization,
-        "moses": (spm is None) if moses is None else bool(moses),
+        "moses": pipeline.moses_tokenize,
         "bpe_codes": BPE_CODES_NAME if bpe is not None else None,
         "sentencepiece_model": SENTENCEPIECE_NAME if spm is not None else None,
         "max_source_positions": int(ours.cfg.max_source_positions),
@@ -332,6 +226,9 @@ def export_ctranslate2(
             shutil.copyfile(bpe, model_dir / BPE_CODES_NAME)
         if spm is not None:
             shutil.copyfile(spm, model_dir / SENTENCEPIECE_NAME)
+        shipped = pipeline if pipeline.subword == "none" else pipeline.named_model(
+            BPE_CODES_NAME if bpe is not None else SENTENCEPIECE_NAME)
+        shipped.write(model_dir / RECORD_NAME)
         difference = max_score_difference(ours, task, model_dir)
         manifest["verified_max_logprob_difference"] = difference
         if quantization == "float32" and not difference <= VERIFY_TOLERANCE:

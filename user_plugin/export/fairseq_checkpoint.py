@@ -42,6 +42,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..artifacts.errors import ArtifactError
 from ..builtin_transformer import (
     EXTRA_SHARED_OPTIONS,
     SHARED_OPTIONS,
@@ -51,7 +52,7 @@ from ..builtin_transformer import (
 )
 from ..files.atomic import atomic_write
 from ..files.checkpoints import torch_save
-from ..files.errors import UserError
+from ..files.fingerprint import KEY as FINGERPRINT_KEY
 from ..models.transformer_config import UNSUPPORTED_OPTIONS
 from ..paper import BEAM, LENPEN, MAX_LEN_OVER_SOURCE
 
@@ -100,9 +101,9 @@ STOCK_CRITERIA = {"vaswani_label_smoothed_cross_entropy": "label_smoothed_cross_
 VERIFY_TOLERANCE = 1e-4
 
 
-class ExportError(UserError):
-    """A checkpoint that cannot be exported, or an export that could not be verified; one
-    line naming the file and the reason."""
+#: A checkpoint that cannot be exported, or an export that could not be verified: the one
+#: error type of trained-model files.
+ExportError = ArtifactError
 
 
 # -- reading our model ---------------------------------------------------------------------
@@ -125,8 +126,8 @@ def load_our_model(checkpoint: str | os.PathLike, data_dir: str | os.PathLike,
     """Our model of ``checkpoint`` (eval mode, CPU), its task on ``data_dir`` and the
     checkpoint's state; an :class:`ExportError` for a model that is not ours."""
     from .. import registration  # noqa: F401  (our model, task and safe loading)
-    from ..hub.loader import build_models, read_model_checkpoint, setup_task
-    from ..hub.model_files import language_pair
+    from ..artifacts.checkpoints import build_models, read_model_checkpoint, setup_task
+    from ..artifacts.model_files import language_pair
 
     checkpoint, data_dir = Path(checkpoint), Path(data_dir)
     if not data_dir.is_dir():
@@ -311,6 +312,7 @@ def exported_state(state: dict, ours: nn.Module, theirs: nn.Module, data_dir: Pa
         "extra_state": {
             "train_iterator": {"epoch": int((extra.get("train_iterator") or {}).get("epoch", 1))},
         },
+        **({FINGERPRINT_KEY: dict(state[FINGERPRINT_KEY])} if FINGERPRINT_KEY in state else {}),
     }
 
 
@@ -394,7 +396,7 @@ def export_fairseq_checkpoint(checkpoint: str | os.PathLike, data_dir: str | os.
                               target_lang: str | None = None) -> Path:
     """Write ``output``: the checkpoint of fairseq's built-in ``transformer`` equivalent to
     our ``checkpoint`` (the dictionaries in ``data_dir``). Atomic and verified; raises
-    :class:`ExportError` (or another one-line ``UserError``) with nothing written."""
+    :class:`ExportError` (or another one-line error) with nothing written."""
     data_dir, output = Path(data_dir), Path(output)
     ours, task, state = load_our_model(checkpoint, data_dir, source_lang, target_lang)
     theirs = to_builtin_transformer(ours, task)

@@ -127,10 +127,21 @@ PATCHES: Tuple[Patch, ...] = (
         "loaded unnoticed)",
     ),
     Patch(
+        "ensemble_fingerprints",
+        _one(f"{_CHECKPOINTS}:load_model_ensemble_and_task",
+             f"{_RUN}:_checking_load_model_ensemble_and_task"),
+        "checkpoints used together (fairseq-generate --path a:b, the hub, the export) must have "
+        "been trained on the same data, and on the data dictionaries given: one line naming both "
+        "fingerprints (fairseq alone: checkpoints trained on a reordered dictionary of the same "
+        "size ensemble into garbage without a word)",
+    ),
+    Patch(
         "one_line_errors",
-        _one("sys:excepthook", "user_plugin.files.errors:one_line_excepthook"),
+        _one("sys:excepthook", "user_plugin.files.known_errors:one_line_excepthook"),
         "the plugin's UserError reaching fairseq's entry points prints 'prog: error: ...' and "
-        "exits 1, instead of a traceback; other exceptions keep the previous hook",
+        "exits 1, instead of a traceback, and so do fairseq's errors on bad input that "
+        "files.known_errors recognises (--max-tokens below a sentence, a missing dictionary, a "
+        "checkpoint of another layout); other exceptions keep the previous hook",
     ),
     Patch(
         "bf16_autocast",

@@ -8,7 +8,8 @@
   :func:`int_at_least` (an argparse type for bounded integers);
 * :mod:`.atomic`: :func:`atomic_write`, :func:`atomic_write_text`, :func:`atomic_copy` (a
   locked temporary file beside the destination, then ``os.replace``), the temporary files'
-  names, and :func:`remove_stale_temporaries` (those left by killed writes);
+  names, :func:`remove_stale_temporaries` (those left by killed writes), and
+  :func:`refuse_input_clash` (an output never replaces an input: same path or same inode);
 * :mod:`.text`: the line rule (only LF ends a line) for every reader of line-aligned text,
   :func:`iter_lines`, :func:`split_lines`, :func:`decode_lines`, :func:`single_line`; and
   :func:`read_lines` (universal newlines) for logs;
@@ -31,7 +32,9 @@ from .atomic import (
     atomic_write,
     atomic_write_text,
     make_temp_dir,
+    refuse_input_clash,
     remove_stale_temporaries,
+    same_file,
     temp_destination,
     temp_name_parts,
 )
@@ -49,10 +52,10 @@ from .errors import (
     UserError,
     file_error,
     first_line,
-    install_one_line_errors,
     int_at_least,
     run_main,
 )
+from .known_errors import install_one_line_errors
 from .lock import DirectoryInUse, DirectoryLock
 from .text import decode_lines, iter_lines, read_lines, single_line, split_lines
 
@@ -77,7 +80,9 @@ __all__ = [
     "make_temp_dir",
     "read_checkpoint",
     "read_lines",
+    "refuse_input_clash",
     "remove_stale_temporaries",
+    "same_file",
     "run_main",
     "save_checkpoint",
     "single_line",

@@ -22,10 +22,10 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .errors import file_error
+from .errors import UserError, file_error
 
 #: The ending of every temporary file or directory of an atomic write.
 TEMP_SUFFIX = ".vaswani-tmp"
@@ -75,6 +75,32 @@ def remove_stale_temporaries(directory: str | os.PathLike) -> list[tuple[Path, i
     return removed
 
 
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether two paths name one file: the same path once symbolic links, ``..`` and the
+    current directory are resolved, or (both existing) the same inode, a hard link included."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return False
+
+
+def refuse_input_clash(output: str | os.PathLike,
+                       inputs: Sequence[str | os.PathLike]) -> None:
+    """Raise a one-line :class:`UserError` when ``output`` names one of ``inputs`` (by
+    :func:`same_file`): an output never replaces an input. Called by every atomic write given
+    its inputs, before anything is written, and by commands before their work starts. An
+    ``output`` that names no file (empty, ``.``, ``..``) is refused likewise."""
+    if not os.fspath(output).strip() or Path(output).name in ("", ".", ".."):
+        raise UserError(f"{os.fspath(output)!r}: not a file name to write to")
+    for source in inputs:
+        if same_file(output, source):
+            also = "" if os.fspath(output) == os.fspath(source) else f" (as {source})"
+            raise UserError(f"{output}: is also an input{also}; an output never replaces an "
+                            "input: choose another output path (nothing was written)")
+
+
 def make_temp_dir(destination: str | os.PathLike) -> Path:
     """A new temporary directory beside ``destination``, for writes that produce several files
     (moved out of it one by one); the caller removes it."""
@@ -94,7 +120,8 @@ def _usual_mode() -> int:
     return 0o666 & ~mask
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
+def atomic_write(path: str | os.PathLike, write: Callable[[str], None],
+                 inputs: Sequence[str | os.PathLike] = ()) -> None:
     """Let ``write(temp_path)`` fill a temporary file next to ``path``, then move it into place.
 
     The destination's directory is created if missing, and orphaned temporary files of
@@ -102,8 +129,10 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     file is locked while it is written. An ``OSError`` (here or in ``write``: a full disk, a
     read-only file system...) becomes a one-line :class:`UserError` naming ``path``; any other
     exception propagates. In both cases the temporary file is removed and ``path`` is
-    untouched.
+    untouched. A ``path`` that is one of ``inputs`` (the files the content was made from) is
+    refused before anything is written (:func:`refuse_input_clash`).
     """
+    refuse_input_clash(path, inputs)
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
     try:
@@ -129,14 +158,15 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
         os.close(handle)
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` atomically."""
+def atomic_write_text(path: str | os.PathLike, text: str,
+                      inputs: Sequence[str | os.PathLike] = ()) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically, never onto one of ``inputs``."""
 
     def write(temp: str) -> None:
         with open(temp, "w", encoding="utf-8") as handle:
             handle.write(text)
 
-    atomic_write(path, write)
+    atomic_write(path, write, inputs)
 
 
 def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:

@@ -216,14 +216,16 @@ def torch_save(state: dict, path: str | os.PathLike) -> None:
             raise
 
 
-def save_checkpoint(state: dict, path: str | os.PathLike, verify: bool = True) -> None:
+def save_checkpoint(state: dict, path: str | os.PathLike, verify: bool = True,
+                    inputs: Sequence[str | os.PathLike] = ()) -> None:
     """Write ``state`` with ``torch.save`` to ``path`` atomically (a temporary file beside it,
     then ``os.replace``).
 
     With ``verify`` (the default) the written archive is read back and checked
     (:func:`checkpoint_file_problem`) before it is moved into place. A failed write (a full
     disk, a read-only file system...) or a failed check is a one-line :class:`UserError`
-    naming ``path``; nothing is left behind and ``path`` keeps its old content.
+    naming ``path``; nothing is left behind and ``path`` keeps its old content. A ``path``
+    that is one of ``inputs`` is refused before anything is written.
     """
 
     def write(temp: str) -> None:
@@ -233,7 +235,7 @@ def save_checkpoint(state: dict, path: str | os.PathLike, verify: bool = True) -
             if problem is not None:
                 raise UserError(f"{path}: the written checkpoint does not read back: {problem}")
 
-    atomic_write(path, write)
+    atomic_write(path, write, inputs)
 
 
 def _shape(tensor) -> list[int]:

@@ -9,6 +9,7 @@ the one place where operating-system and decoding errors about a path become suc
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -68,28 +69,13 @@ def file_error(path: str | os.PathLike, error: OSError | UnicodeDecodeError, wri
     return UserError(f"{path}: cannot {action} ({_os_reason(error)})")
 
 
-def one_line_excepthook(previous: Callable) -> Callable:
-    """``sys.excepthook`` that reports a :class:`UserError` nothing caught as
-    ``prog: error: ...`` (one line, exit status 1) instead of a traceback; other exceptions go
-    to ``previous``. The plugin installs it (:mod:`user_plugin.fairseq_patches`) in every command
-    that loads it (fairseq's ``fairseq-train``, ``fairseq-generate``...)."""
-
-    def hook(kind, error, traceback) -> None:
-        if isinstance(error, UserError):
-            prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
-            print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
-        else:
-            previous(kind, error, traceback)
-
-    hook.one_line_user_errors = True  # type: ignore[attr-defined]
-    return hook
-
-
-def install_one_line_errors() -> None:
-    """Install :func:`one_line_excepthook` in this process (for a program of ours that does not
-    load the plugin). Idempotent."""
-    if not getattr(sys.excepthook, "one_line_user_errors", False):
-        sys.excepthook = one_line_excepthook(sys.excepthook)
+def finite_float(text: str) -> float:
+    """An argparse ``type`` for finite numbers: ``nan`` and ``inf`` are argparse's usage
+    error naming the option, not a value that silently changes every result."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
 
 
 def int_at_least(minimum: int) -> Callable[[str], int]:

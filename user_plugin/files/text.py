@@ -6,7 +6,9 @@ characters that ``str.splitlines`` and universal newlines treat as line ends sta
 line. It is the rule of ``wc -l`` and of the recipes' line-count checks, so every tool that
 reads line-aligned text (corpora, hypotheses, references, the hub's input) sees as many lines
 as the checks counted, and line N of one file stays aligned with line N of another.
-:func:`iter_lines`, :func:`split_lines` and :func:`decode_lines` apply it.
+:func:`iter_lines`, :func:`split_lines` and :func:`decode_lines` apply it. A byte-order mark at
+the start of a file (or of standard input), which some editors write, is not text: every reader
+drops it, so that it never sticks to the first word of a reference, a source or a corpus.
 
 :func:`read_lines` reads with universal newlines (LF, CRLF and a lone CR end a line): for logs
 and progress output, whose carriage returns redraw a line, never for line-aligned text.
@@ -33,11 +35,12 @@ def iter_lines(path: str | os.PathLike, newline: str | None = LINE_END) -> Itera
     """The lines of a UTF-8 text file without their line ends, read lazily; by default (the
     project's rule) only LF ends a line (``newline`` is ``open``'s argument).
 
-    A missing file, a directory, an unreadable file or bytes that are not UTF-8 raise a
-    one-line :class:`~user_plugin.files.errors.UserError` naming ``path``.
+    A byte-order mark at the start of the file is dropped. A missing file, a directory, an
+    unreadable file or bytes that are not UTF-8 raise a one-line
+    :class:`~user_plugin.files.errors.UserError` naming ``path``.
     """
     try:
-        handle = open(path, encoding="utf-8", newline=newline)
+        handle = open(path, encoding="utf-8-sig", newline=newline)
     except OSError as error:
         raise file_error(path, error, expected="a text file") from None
     with handle:
@@ -69,7 +72,8 @@ def split_lines(text: str) -> list[str]:
 
 def decode_lines(data: bytes, name: str) -> list[str]:
     """The lines (:func:`split_lines`) of UTF-8 bytes read from ``name`` (a file or
-    ``standard input``); bytes that are not UTF-8 are a one-line
+    ``standard input``), without a byte-order mark at the start; bytes that are not UTF-8 are
+    a one-line
     :class:`~user_plugin.files.errors.UserError` giving the line and byte offset."""
     try:
         text = data.decode("utf-8")
@@ -77,7 +81,7 @@ def decode_lines(data: bytes, name: str) -> list[str]:
         line = data.count(b"\n", 0, error.start) + 1
         raise UserError(f"{name}: not valid UTF-8 text (line {line}, byte {error.start})") \
             from None
-    return split_lines(text)
+    return split_lines(text.removeprefix(BYTE_ORDER_MARK))
 
 
 def single_line(text: str) -> str:

@@ -15,17 +15,25 @@
 
 A model directory holds (names tried in this order, each overridable by a keyword):
 
-* checkpoints: ``checkpoint_best.pt``, ``checkpoint_last.pt``, ``model.pt`` (or ``checkpoints=``,
-  paths relative to the directory or absolute; several = an ensemble);
+* checkpoints: ``checkpoint_best.pt``, ``checkpoint_last.pt``, ``model.pt``,
+  ``checkpoint_avg.pt`` (or ``checkpoints=``, paths relative to the directory or absolute;
+  several = an ensemble);
 * the dictionaries ``dict.<src>.txt`` and ``dict.<tgt>.txt`` (or ``data_dir=`` a
   ``fairseq-preprocess`` output);
-* optional subword model: subword-nmt codes ``bpecodes`` / ``codes`` / ``code``
+* the text pipeline record ``text_pipeline.json`` with its subword model (the recipes' average
+  step puts both beside ``checkpoint_avg.pt``), else an optional subword model:
+  subword-nmt codes ``bpecodes`` / ``bpe.codes`` / ``codes`` / ``code``
   (``bpe_codes=``), or a SentencePiece model ``sentencepiece.bpe.model`` / ``spm.model``
   (``sentencepiece_model=``).
 
-Text goes through sacremoses ``tokenize`` (source language, no escaping) unless a SentencePiece
-model is used (``moses=`` overrides), then BPE, then the source dictionary; outputs go back
-through the target dictionary, BPE removal and sacremoses ``detokenize`` (target language).
+Raw text goes through the model's text pipeline
+(:class:`~user_plugin.artifacts.text_pipeline.TextPipeline`): the ``text_pipeline.json``
+record that the recipes write beside the prepared data and carry into the averaged model
+directory (Moses punctuation normalization, Moses tokenization with aggressive dash splits for
+BPE, the subword model checked by sha256), or, for a directory without a record, the recipes'
+pipeline assumed and said in one warning line. Outputs go back through the target dictionary,
+subword removal and sacremoses ``detokenize``. ``python -m user_plugin.hub MODEL_DIR
+--print-tokens < raw.txt`` prints the model tokens each raw line becomes.
 The languages come from the keywords, the checkpoint, or the binarized file names in the data
 directory.
 
@@ -41,16 +49,14 @@ translates stdin line by line.
 with a CTranslate2 export (``python -m user_plugin.export ... --to ctranslate2``) instead: the
 same text pipeline, the paper's decoding as closely as that engine allows.
 
-Modules: :mod:`.model_files` (finding a model directory's files and its language pair),
-:mod:`.text_codec` (:class:`TextCodec`), :mod:`.translator` (:class:`Translator`),
+Modules: :mod:`.text_codec` (:class:`TextCodec`, a pipeline given by files),
+:mod:`.translator` (:class:`Translator`),
 :mod:`.loader` (:func:`load_translator`), :mod:`.cli` (``main``), :mod:`.errors`
-(:class:`HubError`), :mod:`.ctranslate2_translator` (the ``ctranslate2`` backend).
+(:class:`HubError`), :mod:`.ctranslate2_translator` (the ``ctranslate2`` backend). A model
+directory's files are found by :mod:`user_plugin.artifacts.model_files`.
 """
 
-from .cli import main
-from .errors import HubError
-from .loader import load_translator
-from .model_files import (
+from ..artifacts.model_files import (
     BPE_CODES_NAMES,
     CHECKPOINT_NAMES,
     SENTENCEPIECE_NAMES,
@@ -58,6 +64,10 @@ from .model_files import (
     find_model_files,
     language_pair,
 )
+from ..artifacts.text_pipeline import TextPipeline
+from .cli import main
+from .errors import HubError
+from .loader import load_translator
 from .text_codec import TextCodec
 from .translator import Translator, max_source_tokens
 
@@ -71,6 +81,7 @@ __all__ = [
     "HubError",
     "ModelFiles",
     "TextCodec",
+    "TextPipeline",
     "Translator",
     "find_model_files",
     "language_pair",

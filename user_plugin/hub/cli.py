@@ -7,6 +7,10 @@ and ``--constraints`` reads each input line as ``source<TAB>phrase<TAB>phrase...
 ``fairseq-interactive --constraints`` does), the phrases being raw target text the translation
 must contain.
 
+``--print-tokens`` prints, per input line, the model tokens the line becomes (the model's text
+pipeline, then ``<unk>`` for tokens outside the source vocabulary), for either backend, without
+translating: what the model gets.
+
 Standard input is read by the project's line rule (only LF ends a line, as ``wc -l`` counts):
 one output line per input line, whatever CR, form feed, NEL or U+2028 a sentence holds. Input
 that is not UTF-8 is refused with one line before anything is translated.
@@ -22,7 +26,7 @@ import warnings
 from collections.abc import Sequence
 from typing import IO
 
-from ..files.errors import UserError, file_error
+from ..files.errors import UserError, file_error, finite_float, int_at_least
 from ..files.text import decode_lines, split_lines
 from .loader import load_translator
 
@@ -46,10 +50,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--target-lang")
     parser.add_argument("--bpe-codes")
     parser.add_argument("--sentencepiece-model")
-    parser.add_argument("--beam", type=int, default=4)
-    parser.add_argument("--lenpen", type=float, default=0.6)
-    parser.add_argument("--nbest", type=int, default=1)
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--beam", type=int_at_least(1), default=4)
+    parser.add_argument("--lenpen", type=finite_float, default=0.6)
+    parser.add_argument("--nbest", type=int_at_least(1), default=1)
+    parser.add_argument("--batch-size", type=int_at_least(1), default=64)
     parser.add_argument("--constraints", nargs="?", const="ordered",
                         choices=("ordered", "unordered"),
                         help="input lines are source<TAB>phrase<TAB>...; the translation "
@@ -57,13 +61,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sampling", action="store_true",
                         help="sample --nbest translations instead of beam search")
     parser.add_argument("--sampling-topk", type=int, default=-1)
-    parser.add_argument("--sampling-topp", type=float, default=-1.0)
-    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--sampling-topp", type=finite_float, default=-1.0)
+    parser.add_argument("--temperature", type=finite_float, default=1.0)
     parser.add_argument("--seed", type=int, help="makes sampling repeatable")
     parser.add_argument("--backend", choices=("fairseq", "ctranslate2"), default="fairseq",
                         help="ctranslate2: MODEL_DIR is an export of python -m "
                         "user_plugin.export --to ctranslate2")
+    parser.add_argument("--print-tokens", action="store_true",
+                        help="print, per input line, the model tokens it is fed (the text "
+                        "pipeline's tokens, <unk> for those outside the vocabulary) instead of "
+                        "translating")
     args = parser.parse_args(argv)
+    if args.sampling_topp != -1 and not 0 < args.sampling_topp <= 1:
+        parser.error(f"argument --sampling-topp: must be in (0, 1], or -1 for none; got "
+                     f"{args.sampling_topp}")
     # stderr carries warnings and errors only: fairseq sets up logging at INFO when imported,
     # and its batch iterator asks for pinned memory, which torch warns about on a CPU
     logging.getLogger().setLevel(logging.WARNING)
@@ -77,6 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             backend=args.backend,
         )
         lines = read_input_lines(sys.stdin)
+        if args.print_tokens:
+            return write_output(translator.model_tokens(lines), 1)
         constraints = None
         if args.constraints:
             fields = [line.split("\t") for line in lines]
@@ -90,9 +103,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UserError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    return write_output(outputs, args.nbest)
+
+
+def write_output(outputs: Sequence, nbest: int) -> int:
+    """Write ``outputs`` (one string, or ``nbest`` strings, per input line) to stdout; the exit
+    status (2 with one error line when stdout cannot be written)."""
     try:
         for output in outputs:
-            for text in [output] if args.nbest == 1 else output:
+            for text in [output] if nbest == 1 else output:
                 sys.stdout.write(text + "\n")
         sys.stdout.flush()
     except OSError as error:  # a full disk, a closed pipe...

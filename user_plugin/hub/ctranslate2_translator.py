@@ -3,8 +3,9 @@ the paper (§6.1) as the engine allows.
 
 The export directory (``python -m user_plugin.export ... --to ctranslate2``) carries the model,
 its vocabularies, the subword model and a manifest with the language pair and text pipeline,
-so the same :class:`~.text_codec.TextCodec` (Moses, BPE or SentencePiece, detokenization) runs
-around it as around the fairseq backend.
+so the same :class:`~user_plugin.artifacts.text_pipeline.TextPipeline` (its record, or the
+recipes' pipeline assumed for an export without one) runs around it as around the fairseq
+backend.
 
 CTranslate2's beam search is fairseq's: ``2 * beam`` candidates per step, an EOS among the top
 ``beam`` finishes a hypothesis and is replaced by the next candidate that is not EOS, a sentence
@@ -34,28 +35,33 @@ near-ties.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..export.ctranslate2_model import (
+from ..artifacts.ctranslate2_layout import (
     BPE_CODES_NAME,
     CT2_PAD,
     SENTENCEPIECE_NAME,
     check_export_directory,
     require_ctranslate2,
 )
-from ..files.errors import UserError, first_line
+from ..artifacts.model_files import model_text_pipeline
+from ..artifacts.text_pipeline import TextPipeline
+from ..files.errors import first_line
 from ..generation.gnmt_sequence_generator import (
     LENGTH_PENALTY_FORMS,
     fairseq_length_penalty,
     gnmt_length_penalty,
 )
 from .errors import HubError
-from .text_codec import TextCodec
 from .translator import TextTranslator
+
+logger = logging.getLogger(__name__)
 
 #: CTranslate2's length penalty used for alpha = 0: any non-zero value keeps fairseq's rule of
 #: stopping once ``beam`` hypotheses have finished; the raw scores are recovered exactly.
@@ -93,7 +99,7 @@ class CTranslate2Translator(TextTranslator):
     """A CTranslate2 export with its text pipeline; decoding defaults are the paper's (beam 4,
     GNMT alpha 0.6, each output at most its source length + 50 tokens)."""
 
-    def __init__(self, translator, codec: TextCodec, manifest: dict, beam: int = 4,
+    def __init__(self, translator, codec: TextPipeline, manifest: dict, beam: int = 4,
                  lenpen: float = 0.6, length_penalty_form: str = "gnmt",
                  max_len_over_source: int = 50, batch_size: int = 64) -> None:
         if length_penalty_form not in LENGTH_PENALTY_FORMS:
@@ -112,6 +118,13 @@ class CTranslate2Translator(TextTranslator):
         self.batch_size = batch_size
         self.max_source_tokens = int(manifest["max_source_positions"])
         self.max_target_tokens = int(manifest["max_target_positions"])
+
+    def source_symbols(self) -> set[str]:
+        directory = Path(self.manifest["directory"])
+        for name in ("shared_vocabulary.json", "source_vocabulary.json"):
+            if (directory / name).is_file():
+                return set(json.loads((directory / name).read_text(encoding="utf-8")))
+        raise HubError(f"{directory}: no source vocabulary file")
 
     def output_limit(self, source_tokens: int) -> int:
         """CTranslate2's ``max_decoding_length`` for a source of ``source_tokens`` tokens (no
@@ -194,32 +207,34 @@ def open_export(
     device: str = "cpu",
     threads: int = 0,
     compute_type: str = "default",
-) -> tuple[object, TextCodec, dict]:
+) -> tuple[object, TextPipeline, dict]:
     """CTranslate2's translator, the text codec and the manifest of an export directory,
     checked against its manifest first; a one-line :class:`HubError` for a missing, corrupt
-    or mixed directory, or for languages other than the export's. The subword model and Moses
-    come from the manifest unless given.
+    or mixed directory, or for languages other than the export's. The text pipeline is the
+    export's record (:mod:`user_plugin.artifacts.model_files`), else the recipes' on the
+    manifest's subword model and Moses setting, with one warning line.
 
     ``threads`` is CTranslate2's ``intra_threads`` (0: its default); ``compute_type``
     "default" runs the weights' type as exported (e.g. int8).
     """
     ctranslate2 = require_ctranslate2()
     model_dir = Path(model_dir)
-    try:
-        manifest = check_export_directory(model_dir)
-    except UserError as error:
-        raise HubError(str(error)) from None
+    manifest = dict(check_export_directory(model_dir), directory=str(model_dir))
     for given, side in ((source_lang, "source_lang"), (target_lang, "target_lang")):
         if given is not None and given != manifest[side]:
             raise HubError(f"{model_dir}: the export translates {manifest['source_lang']}->"
                            f"{manifest['target_lang']}, not {side} {given!r}")
-    bpe = Path(bpe_codes) if bpe_codes is not None else (
-        model_dir / BPE_CODES_NAME if manifest.get("bpe_codes") else None)
-    spm = Path(sentencepiece_model) if sentencepiece_model is not None else (
-        model_dir / SENTENCEPIECE_NAME if manifest.get("sentencepiece_model") else None)
-    codec = TextCodec(manifest["source_lang"], manifest["target_lang"],
-                      moses=manifest["moses"] if moses is None else moses,
-                      bpe_codes=bpe, sentencepiece_model=spm)
+    found = (model_dir / BPE_CODES_NAME if manifest.get("bpe_codes") else None,
+             model_dir / SENTENCEPIECE_NAME if manifest.get("sentencepiece_model") else None)
+    if moses is None and not (model_dir / "text_pipeline.json").is_file():
+        moses = bool(manifest["moses"])
+    codec, note = model_text_pipeline(
+        [model_dir], manifest["source_lang"], manifest["target_lang"],
+        bpe_codes=None if bpe_codes is None else Path(bpe_codes),
+        sentencepiece_model=None if sentencepiece_model is None else Path(sentencepiece_model),
+        moses=moses, found=found)
+    if note is not None:
+        logger.warning(note)
     try:
         engine = ctranslate2.Translator(str(model_dir), device=device,
                                         compute_type=compute_type, inter_threads=1,

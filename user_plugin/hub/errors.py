@@ -1,11 +1,10 @@
-"""The hub's error: a model directory, checkpoint or option that cannot be used."""
+"""The hub's error: the one error type of trained-model files
+(:class:`~user_plugin.artifacts.errors.ArtifactError`), under the name the hub's users know."""
 
 from __future__ import annotations
 
-from ..files.errors import UserError
+from ..artifacts.errors import ArtifactError
 
-
-class HubError(UserError, RuntimeError):
-    """A model directory, checkpoint or text-processing file that cannot be used; the message
-    is one line that names the file. A :class:`~user_plugin.files.errors.UserError` (so
-    command lines report it as one line) and a ``RuntimeError``."""
+#: A model directory, checkpoint, text-processing file or option that cannot be used; one line
+#: naming the file.
+HubError = ArtifactError

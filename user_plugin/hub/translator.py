@@ -1,5 +1,5 @@
 """Translating with a loaded ensemble: encoded lines through the task's decoding, raw text
-through the :class:`~user_plugin.hub.text_codec.TextCodec` around it.
+through the :class:`~user_plugin.artifacts.text_pipeline.TextPipeline` around it.
 
 Decoding is the paper's beam search by default (beam 4, GNMT penalty alpha 0.6, source + 50);
 a call may ask for n-best lists, sampling (top-k, top-p, temperature, with a seed), lexical
@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
+from ..artifacts.text_pipeline import TextPipeline
 from ..generation.alignment import set_alignment_output
-from .text_codec import TextCodec
 
 
 def max_source_tokens(max_positions) -> int | None:
@@ -59,7 +59,18 @@ class TextTranslator:
     """Raw text in, raw text out, around a :meth:`translate_tokens` of model tokens: the text
     pipeline shared by the hub's backends (fairseq's beam search, CTranslate2)."""
 
-    codec: TextCodec
+    codec: TextPipeline
+
+    def source_symbols(self) -> set[str]:
+        """The model's source vocabulary (a token outside it is fed as ``<unk>``)."""
+        raise NotImplementedError
+
+    def model_tokens(self, sentences: Sequence[str]) -> list[str]:
+        """Per raw sentence, the tokens the model is fed (space separated, without EOS):
+        the text pipeline's tokens, those outside the source vocabulary as ``<unk>``."""
+        known = self.source_symbols()
+        return [" ".join(token if token in known else "<unk>"
+                         for token in self.codec.encode(line).split()) for line in sentences]
 
     def translate_tokens(
         self, lines: Sequence[str], nbest: int = 1, beam: int | None = None,
@@ -132,7 +143,7 @@ class Translator(TextTranslator):
         self,
         task,
         models: Sequence[torch.nn.Module],
-        codec: TextCodec,
+        codec: TextPipeline,
         beam: int = 4,
         lenpen: float = 0.6,
         batch_size: int = 64,
@@ -151,6 +162,11 @@ class Translator(TextTranslator):
             task.max_positions(), *[model.max_positions() for model in self.models]
         )
         self._generators: dict = {}
+
+    def source_symbols(self) -> set[str]:
+        dictionary = self.task.source_dictionary
+        return {symbol for symbol in dictionary.symbols
+                if dictionary.index(symbol) != dictionary.unk()} | {"<unk>"}
 
     @property
     def device(self) -> torch.device:

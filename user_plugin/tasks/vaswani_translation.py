@@ -31,6 +31,7 @@ The paper's settings are beam 4 and alpha 0.6: pass ``--beam 4 --lenpen 0.6`` to
 """
 
 import logging
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,6 +40,8 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
+from ..files.dictionaries import cut_dictionary_problem, dictionary_file_problem
+from ..files.errors import UserError
 from ..generation.alignment import (
     GNMTSequenceGeneratorWithAlignment,
     alignment_requested,
@@ -141,6 +144,37 @@ class VaswaniTranslationTask(TranslationTask):
     """fairseq's ``translation`` with the paper's decoding (§6.1) and no sentence dropped."""
 
     cfg: VaswaniTranslationConfig
+
+    @classmethod
+    def load_dictionary(cls, filename):
+        """fairseq's, after a check that names an empty or cut file."""
+        problem = dictionary_file_problem(filename)
+        if problem is not None:
+            raise UserError(problem)
+        return super().load_dictionary(filename)
+
+    @classmethod
+    def setup_task(cls, cfg, **kwargs):
+        """fairseq's, then checks that the languages are those given (fairseq replaces both
+        by the data directory's pair when only one is given) and that neither dictionary is a
+        cut copy of the other."""
+        given = (cfg.source_lang, cfg.target_lang)
+        task = super().setup_task(cfg, **kwargs)
+        for option, wanted, got in zip(("--source-lang", "--target-lang"), given,
+                                       (cfg.source_lang, cfg.target_lang)):
+            if wanted is not None and wanted != got:
+                raise UserError(f"{option} {wanted} was given alone, and {cfg.data} holds "
+                                f"{cfg.source_lang}-{cfg.target_lang} data: give both "
+                                "--source-lang and --target-lang")
+        data = str(cfg.data).split(os.pathsep)[0]
+        problem = cut_dictionary_problem(
+            (os.path.join(data, f"dict.{cfg.source_lang}.txt"),
+             task.src_dict.symbols[task.src_dict.nspecial:]),
+            (os.path.join(data, f"dict.{cfg.target_lang}.txt"),
+             task.tgt_dict.symbols[task.tgt_dict.nspecial:]))
+        if problem is not None:
+            raise UserError(problem)
+        return task
 
     def load_dataset(self, split: str, epoch: int = 1, combine: bool = False, **kwargs) -> None:
         super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)

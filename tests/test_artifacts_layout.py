@@ -1,0 +1,92 @@
+"""The layering of trained-model code: ``hub/`` (translating) and ``export/`` (shipping) both
+build on ``artifacts/`` (checkpoints, model directories, the text pipeline, export layouts) and
+neither imports the other, so there is no import circle; both raise the one error type."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from cli import REPO
+
+PLUGIN = REPO / "user_plugin"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every ``user_plugin`` module that ``path`` imports, at any place in the file (relative
+    imports resolved; ``from package import name`` counts as the package and, when it is a
+    module, ``package.name``)."""
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names)
+    return {name for name in found if name.split(".")[0] == "user_plugin"}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in PLUGIN.rglob("*.py")}
+    return {name: {m for m in imported_modules(path) if m in modules and m != name}
+            for name, path in modules.items()}
+
+
+def reaches(graph: dict[str, set[str]], start: str, prefix: str) -> list[str]:
+    """The modules under ``prefix`` that ``start`` imports, directly or through others."""
+    seen, stack = set(), [start]
+    while stack:
+        for target in graph.get(stack.pop(), ()):
+            if target not in seen:
+                seen.add(target)
+                stack.append(target)
+    return sorted(m for m in seen if m.startswith(prefix))
+
+
+def test_the_graph_parser_sees_relative_imports():
+    graph = import_graph()
+    assert "user_plugin.artifacts.text_pipeline" in graph["user_plugin.hub.translator"]
+    assert "user_plugin.artifacts.checkpoints" in graph["user_plugin.hub.loader"]
+
+
+def test_no_import_circle_between_hub_and_export():
+    graph = import_graph()
+    hub = [m for m in graph if m.startswith("user_plugin.hub")]
+    export = [m for m in graph if m.startswith("user_plugin.export")]
+    assert hub and export
+    assert {m: reaches(graph, m, "user_plugin.export") for m in hub
+            if reaches(graph, m, "user_plugin.export")} == {}
+    assert {m: reaches(graph, m, "user_plugin.hub") for m in export
+            if reaches(graph, m, "user_plugin.hub")} == {}
+
+
+def test_artifacts_import_neither_hub_nor_export():
+    graph = import_graph()
+    for module in (m for m in graph if m.startswith("user_plugin.artifacts")):
+        assert reaches(graph, module, "user_plugin.hub") == []
+        assert reaches(graph, module, "user_plugin.export") == []
+
+
+def test_errors_have_one_type():
+    from user_plugin.artifacts.errors import ArtifactError
+    from user_plugin.export.fairseq_checkpoint import ExportError
+    from user_plugin.files.errors import UserError
+    from user_plugin.hub import HubError
+
+    assert HubError is ExportError is ArtifactError
+    assert issubclass(ArtifactError, UserError) and issubclass(ArtifactError, RuntimeError)

@@ -1,0 +1,146 @@
+"""The layout of a Hugging Face transformers export of ours, and its exact tokenization route.
+
+The directory is what ``from_pretrained`` reads (``config.json``, ``model.safetensors``,
+``generation_config.json`` and a tokenizer's files), plus:
+
+* :data:`~.text_pipeline.RECORD_NAME` and the subword model it names: the text pipeline the model
+  was trained with;
+* :data:`SOURCE_VOCAB` and :data:`TARGET_VOCAB`: our token -> id maps (fairseq's dictionary
+  indices, which are the model's ids);
+* :data:`MANIFEST`: the model class, the language pair, the tokenizer class, and the size and
+  sha256 of every file (checked by :func:`check_transformers_export`).
+
+The exact tokenization route (:func:`source_ids`) is the text pipeline, then the vocabulary, then
+EOS: the ids our model is fed, for BPE and SentencePiece models alike. The shipped tokenizer
+(``AutoTokenizer.from_pretrained``) needs no code of ours: ``MarianTokenizer`` for SentencePiece
+models, ``FSMTTokenizer`` for BPE models; docs/export.md measures how often its ids agree.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..files.errors import file_error
+from .digests import sha256_of
+from .errors import ArtifactError
+from .text_pipeline import TextPipeline
+
+#: The manifest of a transformers export.
+MANIFEST = "vaswani_export.json"
+#: Its format name.
+FORMAT = "vaswani-transformers/1"
+#: Our token -> id maps (JSON objects).
+SOURCE_VOCAB = "vaswani_source_vocab.json"
+TARGET_VOCAB = "vaswani_target_vocab.json"
+#: fairseq's special symbols (the ids every export keeps).
+BOS, PAD, EOS, UNK = 0, 1, 2, 3
+
+
+def hide_unloadable_torchaudio() -> None:
+    """transformers imports torchaudio whenever it is installed (for audio features that a
+    translation model never uses). A torchaudio built for another torch version fails to load
+    and would stop that import; such a torchaudio is hidden from this process."""
+    if "torchaudio" in sys.modules or importlib.util.find_spec("torchaudio") is None:
+        return
+    try:
+        import torchaudio  # noqa: F401
+    except (OSError, ImportError, RuntimeError):
+        sys.modules["torchaudio"] = None  # type: ignore[assignment]
+
+
+def require_transformers():
+    """The ``transformers`` module, or a one-line error saying how to install it."""
+    hide_unloadable_torchaudio()
+    try:
+        import transformers
+    except ImportError:
+        raise ArtifactError("Hugging Face transformers is not installed: pip install "
+                            "'transformers>=5,<6' (or the project's extra: pip install -e "
+                            "'.[transformers]')") from None
+    transformers.utils.logging.set_verbosity_error()  # stderr keeps to errors, as ours does
+    transformers.utils.logging.disable_progress_bar()
+    return transformers
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file; a one-line error naming it when it cannot be read."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as error:
+        raise file_error(path, error) from None
+    except json.JSONDecodeError as error:
+        raise ArtifactError(f"{path}: not JSON ({error.msg} at line {error.lineno})") from None
+
+
+def file_records(directory: Path) -> dict[str, dict[str, Any]]:
+    """``name -> {"bytes", "sha256"}`` of every file in ``directory`` but the manifest."""
+    return {path.name: {"bytes": path.stat().st_size, "sha256": sha256_of(path)}
+            for path in sorted(directory.iterdir())
+            if path.is_file() and path.name != MANIFEST}
+
+
+def check_transformers_export(directory: str | os.PathLike) -> dict:
+    """The manifest of a transformers export, after checking every file it lists by size and
+    sha256; a one-line error naming the first file that differs."""
+    directory = Path(directory)
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise ArtifactError(f"{directory}: not a transformers export of vaswani (no {MANIFEST}; "
+                            "export one with python -m user_plugin.export ... --to "
+                            "transformers)")
+    manifest = read_json(path)
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ArtifactError(f"{path}: not a manifest of format {FORMAT}")
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        raise ArtifactError(f"{path}: lists no files")
+    for name, record in files.items():
+        item = directory / name
+        if not item.is_file():
+            raise ArtifactError(f"{item}: missing from the export (listed in {MANIFEST})")
+        if not isinstance(record, dict) or sha256_of(item) != record.get("sha256"):
+            raise ArtifactError(f"{item}: content differs from the export (sha256): the "
+                                "directory is corrupt or mixed with another export")
+    return manifest
+
+
+class ExportTokenizer:
+    """The exact tokenization route of a transformers export: raw text -> the ids our model is
+    fed (text pipeline, vocabulary, EOS), and target ids -> raw text."""
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        directory = Path(directory)
+        check_transformers_export(directory)
+        self.pipeline = TextPipeline.load(directory)
+        self.source_vocab: dict[str, int] = read_json(directory / SOURCE_VOCAB)
+        target_vocab: dict[str, int] = read_json(directory / TARGET_VOCAB)
+        self.target_symbols = {index: token for token, index in target_vocab.items()}
+
+    def source_ids(self, sentence: str) -> list[int]:
+        """A raw source sentence -> its ids, EOS last (as fairseq feeds the encoder)."""
+        tokens = self.pipeline.encode(sentence).split()
+        return [self.source_vocab.get(token, UNK) for token in tokens] + [EOS]
+
+    def batch(self, sentences: Sequence[str]) -> dict:
+        """Right-padded ``input_ids`` and ``attention_mask`` tensors of raw sentences, what
+        ``model.generate(**batch)`` takes."""
+        import torch
+
+        rows = [self.source_ids(sentence) for sentence in sentences]
+        width = max(len(row) for row in rows)
+        ids = torch.full((len(rows), width), PAD, dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = torch.tensor(row)
+        return {"input_ids": ids, "attention_mask": ids.ne(PAD).long()}
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Generated target ids -> a raw target sentence (special symbols dropped)."""
+        tokens = [self.target_symbols.get(int(i), "<unk>") for i in ids
+                  if int(i) not in (BOS, PAD, EOS)]
+        return self.pipeline.decode(" ".join(tokens))

@@ -1,0 +1,111 @@
+"""One line, with the right cause, for the errors fairseq raises on bad input.
+
+fairseq reports several user mistakes with a traceback whose last line does not say what to
+change: an ``AssertionError`` for a ``--max-tokens`` below the longest sentence, a
+``FileNotFoundError`` for a language the data directory has no dictionary of, two chained
+tracebacks for a checkpoint trained with another layout (``--encoder-normalize-before``...).
+:func:`one_line_cause` recognises them by their type and message (nothing of fairseq is
+imported) and words the line; :func:`one_line_excepthook` prints
+it instead of the traceback, in every command that loads the plugin. An error it does not
+recognise keeps its traceback: a bug must stay visible.
+
+Any ``OSError`` about a named file that nothing caught (a data directory that does not exist,
+a file that cannot be read) is a file problem of the user's: it becomes the project's line for
+it (:func:`~user_plugin.files.errors.file_error`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Callable
+
+from .errors import UserError, file_error
+
+_MAX_TOKENS = re.compile(r"Sentences lengths should not exceed max_tokens=(\d+)")
+_DICTIONARY = re.compile(r"dict\.(?P<lang>[^./]+)\.txt")
+_ARCHITECTURE = re.compile(r"Cannot load model parameters from checkpoint (?P<path>.+?); "
+                           r"please ensure that the architectures match")
+
+
+def _state_dict_reason(error: BaseException | None) -> str:
+    """The first difference that torch's ``load_state_dict`` reported, shortened."""
+    if error is None:
+        return "its parameters differ"
+    for line in str(error).splitlines():
+        line = line.strip()
+        if line.startswith(("Missing key(s)", "Unexpected key(s)", "size mismatch")):
+            keys = re.findall(r'"([^"]+)"', line)
+            kind = line.split(" in state_dict")[0].split(" for ")[0].lower()
+            if keys:
+                more = f" and {len(keys) - 1} more" if len(keys) > 1 else ""
+                return f"{kind}: {keys[0]}{more}"
+            return line[:200]
+    return "its parameters differ"
+
+
+def _languages(directory: Path) -> str:
+    found = sorted(match.group("lang") for path in directory.glob("dict.*.txt")
+                   if (match := _DICTIONARY.fullmatch(path.name)))
+    return ", ".join(found) if found else "none"
+
+
+def one_line_cause(error: BaseException) -> str | None:
+    """The one-line message for an error fairseq raised on bad input, or None when ``error``
+    is not one of those (it then keeps its traceback)."""
+    message = str(error)
+    if isinstance(error, AssertionError):
+        match = _MAX_TOKENS.search(message)
+        if match:
+            return (f"a sentence is longer than --max-tokens {match.group(1)} (the tokens of "
+                    "one batch), so it fits in no batch: raise --max-tokens above the longest "
+                    "sentence, or give --skip-invalid-size-inputs-valid-test to skip such "
+                    "sentences with a count")
+        return None
+    if isinstance(error, OSError) and error.filename is not None:
+        path = Path(str(error.filename))
+        match = _DICTIONARY.fullmatch(path.name)
+        if isinstance(error, FileNotFoundError) and match and path.parent.is_dir():
+            return (f"{path.parent} has no {path.name}: it holds no {match.group('lang')} data "
+                    f"(its dictionaries' languages: {_languages(path.parent)}); check "
+                    "--source-lang and --target-lang")
+        if isinstance(error, FileNotFoundError):
+            return f"{path}: no such file or directory"
+        return str(file_error(path, error))
+    match = _ARCHITECTURE.search(message)
+    if match:
+        cause = error.__cause__ or error.__context__
+        return (f"{match.group('path')}: its parameters do not fit the model built from the "
+                f"options given ({_state_dict_reason(cause)}): give the architecture options "
+                "it was trained with (such as --encoder-normalize-before), or use another "
+                "--save-dir to train a new model")
+    return None
+
+
+def one_line_excepthook(previous: Callable) -> Callable:
+    """``sys.excepthook`` that reports a :class:`UserError` nothing caught as
+    ``prog: error: ...`` (one line, exit status 1) instead of a traceback, and likewise the
+    errors fairseq raises on bad input that :func:`one_line_cause`
+    recognises; other exceptions go to ``previous``. The plugin installs it
+    (:mod:`user_plugin.fairseq_patches`) in every command that loads it (fairseq's
+    ``fairseq-train``, ``fairseq-generate``...)."""
+
+    def hook(kind, error, traceback) -> None:
+        line = str(error) if isinstance(error, UserError) else one_line_cause(error)
+        if line is not None:
+            prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+            print(f"{prog}: error: {line}", file=sys.stderr, flush=True)
+        else:
+            previous(kind, error, traceback)
+
+    hook.one_line_user_errors = True  # type: ignore[attr-defined]
+    return hook
+
+
+def install_one_line_errors() -> None:
+    """Install :func:`one_line_excepthook` in this process (for a program of ours that does not
+    load the plugin). Idempotent."""
+    if not getattr(sys.excepthook, "one_line_user_errors", False):
+        sys.excepthook = one_line_excepthook(sys.excepthook)
