@@ -17,6 +17,9 @@ setup(
         "console_scripts": [
             "vaswani-user-dir = user_plugin.commands.user_dir:cli_main",
             "vaswani-options = user_plugin.commands.model_options:cli_main",
+            "vaswani-prepare-text = user_plugin.commands.prepare_text:cli_main",
+            "vaswani-average = user_plugin.commands.average_checkpoints:cli_main",
+            "vaswani-score = user_plugin.commands.score_translation:cli_main",
             "vaswani-plot-training = user_plugin.commands.plot_training:cli_main",
             "vaswani-plot-attention = user_plugin.commands.plot_attention:cli_main",
             "vaswani-ablation-table = user_plugin.commands.ablation_table:cli_main",
@@ -43,13 +46,13 @@ setup(
         "nltk>=3.8",  # tree reading of the parsing recipe (user_plugin/parsing)
     ],
     extras_require={
-        # ctranslate2: python -m user_plugin.export --to ctranslate2 and the hub's
+        # ctranslate2: vaswani-export --to ctranslate2 and the hub's
         # backend="ctranslate2" (CPU int8 decoding); the tests run them.
         "test": ["pytest", "hypothesis", "matplotlib", "ruff", "ctranslate2==4.8.5",
                  "transformers>=5,<6"],
         "plot": ["matplotlib"],
         "ctranslate2": ["ctranslate2==4.8.5"],
-        # transformers: python -m user_plugin.export --to transformers (Marian / FSMT)
+        # transformers: vaswani-export --to transformers (Marian / FSMT)
         "transformers": ["transformers>=5,<6"],
     },
 )

@@ -30,7 +30,7 @@ RECIPES_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(cd "$RECIPES_DIR/.." && pwd)
 PLUGIN_DIR="$REPO_DIR/user_plugin"
 SCRIPTS_DIR="$REPO_DIR/scripts"
-PREPARE_TEXT="$SCRIPTS_DIR/prepare_text.py"
+PREPARE_TEXT=vaswani-prepare-text
 PAIRS_DIR="$RECIPES_DIR/pairs"
 STEP_NAME=${STEP_NAME:-recipe}
 
@@ -660,7 +660,7 @@ append_parallel() {
   archive_member "$archive" "$src_member" > "$tmp.src" || die "cannot read $src_member from $archive"
   archive_member "$archive" "$tgt_member" > "$tmp.tgt" || die "cannot read $tgt_member from $archive"
   local n
-  n=$(python "$PREPARE_TEXT" check-lines "$tmp.src" "$tmp.tgt") \
+  n=$("$PREPARE_TEXT" check-lines "$tmp.src" "$tmp.tgt") \
     || die "$archive: $src_member and $tgt_member are not parallel"
   log "$(basename "$archive"): $src_member + $tgt_member: $n pairs"
   cat "$tmp.src" >> "$out_src"

@@ -30,6 +30,7 @@ FR_VALID_LINES=${FR_VALID_LINES:-500}
 FR_TEST_LINES=${FR_TEST_LINES:-500}
 require_int FR_VALID_LINES
 require_int FR_TEST_LINES
+activate_venv  # vaswani-prepare-text
 
 # source files: "split|source file|target file|first line|last line (0 = to the end)"
 if [ "$pair" = en-de ]; then
@@ -89,7 +90,7 @@ for entry in "${parts[@]}"; do
     fi
     outputs+=("$split.$side")
   done
-  n=$(python3 "$PREPARE_TEXT" check-lines "$partial/$split.en" "$partial/$split.$tgt") \
+  n=$("$PREPARE_TEXT" check-lines "$partial/$split.en" "$partial/$split.$tgt") \
     || die "$split: the two sides differ in length"
   echo "$split.{en,$tgt}: lines $first..$(( first + n - 1 )) of $src_file (and .$tgt), $n pairs" \
     >> "$partial/README.txt"

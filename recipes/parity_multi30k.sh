@@ -140,7 +140,7 @@ builtin_generate() {
     return 0
   fi
   require_step "$AVG_DIR" average
-  expected=$(python "$PREPARE_TEXT" check-lines "$PREP_DIR/test.$SRC_LANG" \
+  expected=$("$PREPARE_TEXT" check-lines "$PREP_DIR/test.$SRC_LANG" \
     "$PREP_DIR/test.ref.$TGT_LANG") || die "prepared test set and reference differ in length"
   step_restart "$GEN_DIR"
   log "translating $expected test sentences with stock fairseq-generate (no plugin; fairseq's" \
@@ -153,9 +153,9 @@ builtin_generate() {
     --cpu > "$GEN_DIR/generate-test.txt.tmp" 2> "$GEN_DIR/generate.log" \
     || die "fairseq-generate failed; its log: $GEN_DIR/generate.log"
   mv "$GEN_DIR/generate-test.txt.tmp" "$GEN_DIR/generate-test.txt"
-  python "$PREPARE_TEXT" extract-hypotheses --expected "$expected" \
+  "$PREPARE_TEXT" extract-hypotheses --expected "$expected" \
     "$GEN_DIR/generate-test.txt" "$GEN_DIR/hyp.$TGT_LANG"
-  python "$PREPARE_TEXT" detokenize --lang "$TGT_LANG" "$GEN_DIR/hyp.$TGT_LANG" \
+  "$PREPARE_TEXT" detokenize --lang "$TGT_LANG" "$GEN_DIR/hyp.$TGT_LANG" \
     "$GEN_DIR/hyp.detok.$TGT_LANG"
   step_mark_done "$GEN_DIR" "$config" "$BIN_DIR" "$PREP_DIR" "$AVG_DIR" -- \
     generate-test.txt generate.log "hyp.$TGT_LANG" "hyp.detok.$TGT_LANG"

@@ -64,7 +64,7 @@ def read_scores(path: Path) -> dict:
             "num_sentences": scores["num_sentences"],
         }
     except (KeyError, TypeError) as error:
-        raise UserError(f"{path}: not a bleu.json of scripts/score_translation.py "
+        raise UserError(f"{path}: not a bleu.json of vaswani-score "
                         f"(no {error})") from None
 
 

@@ -209,8 +209,8 @@ SHIPPING_VARIANTS = {
 def shipping_models(multi30k_bin) -> SimpleNamespace:
     """Each of :data:`SHIPPING_VARIANTS` trained by the real ``fairseq-train`` for 200
     updates (4 epochs) on :func:`multi30k_bin`; ``checkpoints[variant]`` is the average of its
-    last two epoch checkpoints (``scripts/average_checkpoints.py``, as the paper decodes)."""
-    from cli import PAPER_OPTIMIZATION_ARGS, USER_DIR, fairseq_env, run_fairseq
+    last two epoch checkpoints (``vaswani-average``, as the paper decodes)."""
+    from cli import PAPER_OPTIMIZATION_ARGS, USER_DIR, command, fairseq_env, run_fairseq
 
     model_args = [
         "--arch", "vaswani_base", "--encoder-layers", "2", "--decoder-layers", "2",
@@ -231,7 +231,7 @@ def shipping_models(multi30k_bin) -> SimpleNamespace:
         ])
         average = save_dir / "checkpoint_avg.pt"
         proc = subprocess.run(
-            [sys.executable, str(REPO / "scripts" / "average_checkpoints.py"), "--inputs",
+            [*command("average_checkpoints"), "--inputs",
              str(save_dir), "--num-epoch-checkpoints", "2", "--output", str(average)],
             env=fairseq_env(), capture_output=True, text=True, timeout=300, check=False,
         )

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import importlib
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from cli import command
 from conftest import MULTI30K, REPO, require_data
 
+from user_plugin.commands import average_checkpoints as avg
 from user_plugin.files import UserError, run_main
 
-sys.path.insert(0, str(REPO / "scripts"))
-avg = importlib.import_module("average_checkpoints")
-
-SCRIPT = REPO / "scripts" / "average_checkpoints.py"
 USER_DIR = str(REPO / "user_plugin")
 
 
@@ -53,7 +50,7 @@ def fake_checkpoint(path: Path, seed: int, **changes) -> dict:
 
 def run_cli(args: list[str], capsys) -> tuple[int, str]:
     """Run the script's main in this process as its command line does; (status, stderr)."""
-    status = run_main(avg.main, args, "average_checkpoints.py")
+    status = run_main(avg.main, args, avg.PROG)
     return status, capsys.readouterr().err
 
 
@@ -168,7 +165,7 @@ def test_truncated_checkpoint_is_a_one_line_error_of_the_script(tmp_path):
     (tmp_path / "truncated.pt").write_bytes(data[: len(data) // 2])
     (tmp_path / "cwd").mkdir()
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--inputs", "../good.pt", "../truncated.pt",
+        [*command("average_checkpoints"), "--inputs", "../good.pt", "../truncated.pt",
          "--output", "../avg.pt"],
         cwd=tmp_path / "cwd", capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 1

@@ -1,6 +1,6 @@
 """The installed commands as declared (``setup.py``'s console scripts), without installing: each
-points at a function that exists, the recipes and docs name only declared commands, and
-``python -m user_plugin`` prints the ``--user-dir`` path.
+points at a function that exists, the recipes and docs name only declared commands, nothing
+imports a file of ``scripts/``, and ``python -m user_plugin`` prints the ``--user-dir`` path.
 (``tests/test_installed_commands.py`` installs the package for real.)"""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from cli import REPO
 
 COMMAND_WORD = re.compile(r"(?<![\w./-])vaswani-[a-z][a-z0-9-]*[a-z0-9](?![\w-]|\.\w)")
@@ -30,7 +31,7 @@ def console_scripts() -> dict:
 
 def test_every_console_script_names_a_function_of_the_package():
     scripts = console_scripts()
-    assert "vaswani-user-dir" in scripts and len(scripts) >= 9
+    assert "vaswani-user-dir" in scripts and len(scripts) >= 12
     for name, target in scripts.items():
         assert re.fullmatch(r"vaswani(-[a-z]+)+", name), name
         module_name, _, function = target.partition(":")
@@ -49,6 +50,34 @@ def test_recipes_and_docs_name_only_declared_commands():
     assert {"vaswani-plot-training", "vaswani-ablation-table"} <= set(used)
     unknown = {word: str(path) for word, path in used.items() if word not in declared}
     assert unknown == {}
+
+
+@pytest.mark.parametrize("folder", ["tests", "scripts", "user_plugin", "examples"])
+def test_nothing_imports_a_script(folder):
+    """A script is a program, not a library: no ``sys.path`` entry for ``scripts/``, no import
+    of one of its modules by name."""
+    script_modules = {p.stem for p in (REPO / "scripts").rglob("*.py")}
+    offenders = []
+    for path in sorted((REPO / folder).rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if re.search(r"""sys\.path\.insert\([^)\n]*["']scripts["']""", text):
+            offenders.append(f"{path.relative_to(REPO)}: puts scripts/ on sys.path")
+        tree = ast.parse(text)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            elif (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module"
+                  and node.args and isinstance(node.args[0], ast.Constant)):
+                names = [node.args[0].value]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top == "scripts" or (top in script_modules and path.parent.name != "gpu_check"):
+                    offenders.append(f"{path.relative_to(REPO)}: imports {name}")
+    assert offenders == []
 
 
 def test_python_dash_m_user_plugin_prints_the_user_dir(tmp_path):

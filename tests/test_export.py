@@ -148,7 +148,7 @@ def test_row_b_model_is_refused_with_one_line(shipping_models, tmp_path):
                   "--output", output)
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
-    assert lines[-1].startswith("python -m user_plugin.export: error: ")
+    assert lines[-1].startswith("vaswani-export: error: ")
     assert "d_k = 4" in lines[-1] and "Table 3 row B" in lines[-1]
     assert "Traceback" not in proc.stderr
     assert not output.exists() and list(tmp_path.iterdir()) == [checkpoint]

@@ -8,7 +8,6 @@ leave alone are compared by sha256 before and after (``fault_injection.snapshot`
 
 from __future__ import annotations
 
-import importlib
 import os
 import shutil
 import subprocess
@@ -21,11 +20,9 @@ from cli import REPO
 from conftest import TINY, build_vaswani, make_dictionary
 from fault_injection import snapshot
 
+from user_plugin.commands import average_checkpoints, score_translation
 from user_plugin.files import UserError, atomic_write_text, refuse_input_clash, run_main
 
-sys.path.insert(0, str(REPO / "scripts"))
-average_checkpoints = importlib.import_module("average_checkpoints")
-score_translation = importlib.import_module("score_translation")
 NOISE = ("Warning", "warnings.warn", "tensorboardX", "autocast")
 
 
@@ -44,7 +41,7 @@ def tiny_checkpoint(path: Path, vocabulary: int = 20, seed: int = 0, **extra) ->
 
 
 def average(argv: list, capsys) -> tuple[int, str]:
-    status = run_main(average_checkpoints.main, [str(a) for a in argv], "average_checkpoints.py")
+    status = run_main(average_checkpoints.main, [str(a) for a in argv], average_checkpoints.PROG)
     return status, capsys.readouterr().err
 
 
@@ -105,7 +102,7 @@ def test_scoring_into_its_own_reference_is_refused(tmp_path, capsys):
     before = snapshot(tmp_path)
     status = run_main(score_translation.main, ["--hyp", str(ref), "--ref", str(ref),
                                                "--target-lang", "de", "--output-json", str(ref)],
-                      "score_translation.py")
+                      score_translation.PROG)
     line = one_error_line(capsys.readouterr().err)
     assert status == 1 and "is also an input" in line
     assert snapshot(tmp_path) == before
@@ -544,7 +541,7 @@ def test_prepare_text_never_writes_over_its_input(tmp_path):
     before = snapshot(tmp_path)
     for command in (["normalize", "--lang", "de", text, text],
                     ["detokenize", "--lang", "de", text, text]):
-        proc = subprocess.run([sys.executable, str(REPO / "scripts/prepare_text.py"),
+        proc = subprocess.run([*command("prepare_text"),
                                *map(str, command)], capture_output=True, text=True, check=False)
         assert proc.returncode == 1 and "is also an input" in one_error_line(proc.stderr)
     assert snapshot(tmp_path) == before

@@ -13,6 +13,7 @@ import importlib
 import io
 import logging
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -43,11 +44,9 @@ from fault_injection import (
 )
 
 from user_plugin import hub
+from user_plugin.commands import average_checkpoints, prepare_text
 from user_plugin.files import TEMP_SUFFIX, run_main
 
-sys.path.insert(0, str(REPO / "scripts"))
-average_checkpoints = importlib.import_module("average_checkpoints")
-prepare_text = importlib.import_module("prepare_text")
 NOISE = ("Warning", "warnings.warn", "tensorboardX", "autocast",  # library chatter on stderr
          "assuming the recipes' text pipeline")  # the hub on a directory without a record
 
@@ -192,7 +191,7 @@ def test_averaging_refuses_a_bad_checkpoint_in_one_line(kind, reference_run, tmp
     output = tmp_path / "averaged.pt"
     status = run_main(average_checkpoints.main,
                       ["--inputs", str(reference_run.checkpoint), str(bad), "--output",
-                       str(output)], "average_checkpoints.py")
+                       str(output)], average_checkpoints.PROG)
     line = one_error_line(capsys.readouterr().err)
     assert status == 1 and str(bad) in line and BAD_KINDS[kind] in line
     assert not output.exists() and sorted(p.name for p in tmp_path.iterdir()) == [bad.name]
@@ -279,18 +278,18 @@ def test_averaging_refuses_other_architectures_and_vocabularies(change, words, t
     output = tmp_path / "avg.pt"
     status = run_main(average_checkpoints.main, ["--inputs", str(first), str(other),
                                                  "--output", str(output)],
-                      "average_checkpoints.py")
+                      average_checkpoints.PROG)
     line = one_error_line(capsys.readouterr().err)
     assert status == 1 and str(other) in line and words in line
     assert not output.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["a.pt", "b.pt"]
 
 
 # --------------------------------------------------------------------------------------------
-# Corpora: sides of different lengths, empty files, a missing side (scripts/prepare_text.py)
+# Corpora: sides of different lengths, empty files, a missing side (vaswani-prepare-text)
 
 
 def prepare(argv: list, capsys) -> tuple:
-    status = run_main(prepare_text.main, [str(a) for a in argv], "prepare_text.py")
+    status = run_main(prepare_text.main, [str(a) for a in argv], prepare_text.PROG)
     captured = capsys.readouterr()
     return status, captured.out, captured.err
 
@@ -649,7 +648,7 @@ def test_every_reader_refuses_a_checkpoint_with_flipped_bytes(tool, reference_ru
     flip_a_byte(bad)
     out = tmp_path / "out"
     commands = {
-        "average": [sys.executable, str(REPO / "scripts" / "average_checkpoints.py"), "--inputs",
+        "average": [*command("average_checkpoints"), "--inputs",
                     str(reference_run.checkpoint), str(bad), "--output", str(out)],
         "hub": [sys.executable, "-m", "user_plugin.hub", str(reference_run.data_bin),
                 "--checkpoints", str(bad), "--source-lang", "en", "--target-lang", "de"],
@@ -695,17 +694,18 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(tool, reference_run, tmp_pat
     text = tmp_path / "text.de"
     text.write_text("Ein Mann .\nZwei Hunde .\n", encoding="utf-8")
     if tool == "average":
-        module, prog = average_checkpoints, "average_checkpoints.py"
+        module, prog = average_checkpoints, average_checkpoints.PROG
         argv = ["--inputs", str(reference_run.checkpoint), "--output", str(out_dir / "avg.pt")]
         destination = out_dir / "avg.pt"
     elif tool == "export":
         module = importlib.import_module("user_plugin.export.cli")
-        prog = "python -m user_plugin.export"
+        prog = module.PROG
         argv = [str(reference_run.checkpoint), "--data-dir", str(reference_run.data_bin), "--to",
                 "fairseq", "--output", str(out_dir / "exported.pt")]
         destination = out_dir / "exported.pt"
     elif tool == "score":
-        module, prog = importlib.import_module("score_translation"), "score_translation.py"
+        module = importlib.import_module("user_plugin.commands.score_translation")
+        prog = module.PROG
         argv = ["--hyp", str(text), "--ref", str(text), "--target-lang", "de",
                 "--output-json", str(out_dir / "bleu.json")]
         destination = out_dir / "bleu.json"
@@ -717,7 +717,7 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(tool, reference_run, tmp_pat
                 "--tokenized", "--out-dir", str(out_dir)]
         destination = out_dir / "encoder_self_layer1.png"
     else:
-        module, prog = prepare_text, "prepare_text.py"
+        module, prog = prepare_text, prepare_text.PROG
         argv = ["normalize", "--lang", "de", str(text), str(out_dir / "text.tok.de")]
         destination = out_dir / "text.tok.de"
     monkeypatch.setattr(builtins, "open", open_on_a_full_disk)
@@ -747,14 +747,14 @@ def test_averaging_onto_a_really_full_disk(reference_run, tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
     script = (f"mount -t tmpfs -o size=256k tmpfs {disk} && "
-              f"{sys.executable} {REPO / 'scripts' / 'average_checkpoints.py'} --inputs "
+              f"{shlex.join(command('average_checkpoints'))} --inputs "
               f"{reference_run.checkpoint} --output {disk / 'avg.pt'}; "
               f"echo status=$?; ls -A {disk}")
     proc = subprocess.run(["unshare", "-rm", "sh", "-c", script], env=fairseq_env(),
                           capture_output=True, text=True, timeout=300)
     assert "status=1" in proc.stdout and proc.stdout.strip().endswith("status=1"), proc.stdout
     line = one_error_line(proc.stderr)
-    assert line == (f"average_checkpoints.py: error: {disk / 'avg.pt'}: cannot write "
+    assert line == (f"vaswani-average: error: {disk / 'avg.pt'}: cannot write "
                     "(no space left on device)")
 
 

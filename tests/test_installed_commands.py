@@ -115,7 +115,8 @@ def test_every_command_is_installed_and_loads(installed):
     loaded = json.loads(run([installed.python, "-c", code], cwd=installed.work).stdout)
     for name in ("vaswani-user-dir", "vaswani-plot-training", "vaswani-plot-attention",
                  "vaswani-ablation-table", "vaswani-prepare-trees", "vaswani-parse-eval",
-                 "vaswani-options", "vaswani-export", "vaswani-translate"):
+                 "vaswani-options", "vaswani-export", "vaswani-translate", "vaswani-average",
+                 "vaswani-score", "vaswani-prepare-text"):
         assert name in loaded, name
     for name, module in loaded.items():
         assert (installed.bin / name).is_file(), name

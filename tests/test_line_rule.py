@@ -1,32 +1,26 @@
 """One rule for lines: only LF ends a line, in every tool that reads line-aligned text.
 
 Random sentences holding CR, U+2028, U+2029, NEL, form and line feeds' look-alikes (VT, FS, GS,
-RS), byte-order marks and tabs go through the data preparation (``prepare_text.py normalize``
+RS), byte-order marks and tabs go through the data preparation (``vaswani-prepare-text normalize``
 and ``check-lines``), the hub (its standard-input reader and its text codec) and the scorer
-(``score_translation.py``): line counts equal the number of LF bytes (``wc -l``) and line N of
+(``vaswani-score``): line counts equal the number of LF bytes (``wc -l``) and line N of
 every output still belongs to line N of the input (each line carries its own marker words).
 """
 
 from __future__ import annotations
 
-import importlib
 import io
-import sys
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
-from cli import REPO
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from user_plugin.commands import prepare_text, score_translation
 from user_plugin.files import UserError, decode_lines, iter_lines, run_main, split_lines
 from user_plugin.hub.cli import read_input_lines
 from user_plugin.hub.text_codec import TextCodec
-
-sys.path.insert(0, str(REPO / "scripts"))
-prepare_text = importlib.import_module("prepare_text")
-score_translation = importlib.import_module("score_translation")
 
 #: Characters that some reader or other takes for a line end, and tabs and byte-order marks.
 SPECIALS = ["\r", "\r\r", "\u2028", "\u2029", "\x85", "\x0c", "\x0b", "\x1c", "\x1d", "\x1e",
@@ -76,7 +70,7 @@ def test_prepare_counts_and_keeps_lines_aligned(noise):
         assert list(iter_lines(raw)) == lines
         out = Path(directory) / "tok.en"
         assert run_main(prepare_text.main, ["normalize", "--lang", "en", str(raw), str(out)],
-                        "prepare_text.py") == 0
+                        prepare_text.PROG) == 0
         tokenized = list(iter_lines(out))
         assert prepare_text.count_lines(out) == len(lines)
         assert_aligned(tokenized, len(lines))

@@ -9,9 +9,9 @@ import pytest
 import torch
 from cli import command, fairseq_env
 
-REPO = Path(__file__).resolve().parents[1]
+from user_plugin.commands import plot_attention
 
-from user_plugin.commands import plot_attention  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 LAYERS, HEADS = 2, 4  # the fixture's tiny model (cli.TINY_MODEL_ARGS)
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -9,12 +9,11 @@ from pathlib import Path
 import pytest
 from cli import PAPER_OPTIMIZATION_ARGS, USER_DIR, command, fairseq_env, run_fairseq
 
+from user_plugin.commands import plot_training
 from user_plugin.files import UserError
 from user_plugin.training_log import read_training_log
 
 REPO = Path(__file__).resolve().parents[1]
-
-from user_plugin.commands import plot_training  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -1,6 +1,6 @@
 """The WMT14 shell recipes (paper §5.1, §6.1) and their Python text helpers.
 
-* ``scripts/prepare_text.py``: cleaning rule, hypothesis order, SGM extraction, tokenisation
+* ``vaswani-prepare-text``: cleaning rule, hypothesis order, SGM extraction, tokenisation
   round trip, one-line errors (no data needed);
 * the step markers of ``recipes/common.sh``: skip when done, redo when an output or an upstream
   step changed;
@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -22,7 +21,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli import command
 from conftest import REPO, SHARED_DATA, require_data
+
+from user_plugin.commands import prepare_text
 
 RECIPES = REPO / "recipes"
 RUN_ALL = RECIPES / "run_all.sh"
@@ -35,7 +37,7 @@ RECIPE_VARIABLES = {
     "MAX_UPDATE", "WARMUP_UPDATES", "LABEL_SMOOTHING", "MAX_TOKENS", "TOKENS_PER_STEP",
     "UPDATE_FREQ", "DEVICE", "NUM_GPUS", "PRECISION", "SAVE_INTERVAL_UPDATES", "AVERAGE_LAST",
     "SEED", "LOG_INTERVAL", "TRAIN_TASK", "EXTRA_ARGS", "TASK", "BEAM", "LENPEN", "CHECKPOINT",
-    "GEN_MAX_TOKENS", "GEN_ARGS", "AVERAGE_SCRIPT", "SCORE_SCRIPT", "PAIR", "STEP_NAME",
+    "GEN_MAX_TOKENS", "GEN_ARGS", "AVERAGE_COMMAND", "SCORE_COMMAND", "PAIR", "STEP_NAME",
     "FR_VALID_LINES", "FR_TEST_LINES", "SHARED_DATA", "VENV", "DATA_BIN", "RUN_DIR",
     "MAX_LEN_A", "MAX_LEN_B", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
 }
@@ -47,15 +49,6 @@ TINY_MODEL_ARGS = (
 )
 
 
-def load_prepare_text():
-    spec = importlib.util.spec_from_file_location("prepare_text", SCRIPTS / "prepare_text.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["prepare_text"] = module       # worker processes find its functions by name
-    spec.loader.exec_module(module)
-    return module
-
-
-prepare_text = load_prepare_text()
 
 
 def generation_task() -> str:
@@ -95,7 +88,7 @@ def run_with_common(script: str, **env: str) -> subprocess.CompletedProcess:
 
 
 def run_prepare_text(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPTS / "prepare_text.py"), *map(str, args)],
+    return subprocess.run([*command("prepare_text"), *map(str, args)],
                           capture_output=True, text=True, check=False)
 
 
@@ -109,7 +102,7 @@ def output_mtimes(step_dir: Path) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# prepare_text.py
+# vaswani-prepare-text
 
 
 def test_cleaning_keeps_1_to_250_tokens_and_ratio_1_5():

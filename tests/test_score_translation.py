@@ -3,21 +3,15 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import subprocess
-import sys
 
 import pytest
-from conftest import REPO
+from cli import command
 
+from user_plugin.commands import score_translation as score
 from user_plugin.files import run_main
-
-sys.path.insert(0, str(REPO / "scripts"))
-score = importlib.import_module("score_translation")
-
-SCRIPT = REPO / "scripts" / "score_translation.py"
 
 # Detokenized toy corpus: a hyphenated compound, a short hypothesis, a repeated word.
 HYPOTHESES = ["Das ist ein gut-gemachtes Auto.", "Er kommt.", "die die die."]
@@ -106,7 +100,7 @@ def test_cli_prints_and_saves_both_scores(tmp_path, capsys):
     ref = write(tmp_path / "ref.de", REFERENCES)
     output = tmp_path / "bleu.json"
     status = run_main(score.main, ["--hyp", str(hyp), "--ref", str(ref), "--target-lang", "de",
-                                   "--output-json", str(output)], "score_translation.py")
+                                   "--output-json", str(output)], score.PROG)
     out = capsys.readouterr().out
     assert status == 0
     saved = json.loads(output.read_text(encoding="utf-8"))
@@ -128,7 +122,7 @@ def test_mismatched_line_counts_are_a_one_line_error(tmp_path):
     ref = write(tmp_path / "ref.de", REFERENCES)
     output = tmp_path / "bleu.json"
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--hyp", str(hyp), "--ref", str(ref), "--target-lang",
+        [*command("score_translation"), "--hyp", str(hyp), "--ref", str(ref), "--target-lang",
          "de", "--output-json", str(output)],
         capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 1
@@ -142,5 +136,5 @@ def test_mismatched_line_counts_are_a_one_line_error(tmp_path):
 def test_missing_file_is_an_error(tmp_path, capsys):
     ref = write(tmp_path / "ref.de", REFERENCES)
     status = run_main(score.main, ["--hyp", str(tmp_path / "nope.de"), "--ref", str(ref),
-                                   "--target-lang", "de"], "score_translation.py")
+                                   "--target-lang", "de"], score.PROG)
     assert status == 1 and "nope.de: no such file" in capsys.readouterr().err

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import torch
-from cli import REPO, USER_DIR, fairseq_env, run_fairseq
+from cli import REPO, USER_DIR, command, fairseq_env, run_fairseq
 from conftest import MULTI30K, our_checkpoint_with, require_data
 from prepared_model import run_prepare, train_tiny, write_raw
 
@@ -213,7 +213,7 @@ def test_refusals_are_one_line_and_write_nothing(bpe, tmp_path, options, reason)
 def test_the_hub_from_raw_text_scores_as_the_recipe_path(bpe, tmp_path):
     """The hub translating the raw test source, scored against the raw reference, is within
     0.2 BLEU of the recipe's path (fairseq-generate on the binarized test set, hypotheses
-    extracted and detokenized by prepare_text.py): one pipeline on both sides."""
+    extracted and detokenized by vaswani-prepare-text): one pipeline on both sides."""
     import sacrebleu
 
     translator = load_translator(bpe.model_dir, data_dir=bpe.data_bin)
@@ -226,11 +226,10 @@ def test_the_hub_from_raw_text_scores_as_the_recipe_path(bpe, tmp_path):
     ])
     generated = tmp_path / "generate.txt"
     generated.write_text(proc.stdout, encoding="utf-8")
-    script = REPO / "scripts" / "prepare_text.py"
     for args in (["extract-hypotheses", "--expected", str(len(bpe.raw_test)), generated,
                   tmp_path / "hyp"],
                  ["detokenize", "--lang", "de", tmp_path / "hyp", tmp_path / "hyp.detok"]):
-        subprocess.run([sys.executable, str(script), *map(str, args)], check=True,
+        subprocess.run([*command("prepare_text"), *map(str, args)], check=True,
                        capture_output=True, env=fairseq_env())
     recipe = read(tmp_path / "hyp.detok")
     hub_bleu = sacrebleu.corpus_bleu(hub, [bpe.ref_test]).score

@@ -48,7 +48,7 @@ pos_tags=$(json_value "$PREP_DIR/prepare.json" pos_tags) \
   || die "cannot read $PREP_DIR/prepare.json"
 tags_from=()
 [ "$pos_tags" = xx ] && tags_from=(--tags-from "$PREP_DIR/$GEN_SUBSET.gold")
-expected=$(python "$PREPARE_TEXT" check-lines "$PREP_DIR/$GEN_SUBSET.$SRC" \
+expected=$("$PREPARE_TEXT" check-lines "$PREP_DIR/$GEN_SUBSET.$SRC" \
   "$PREP_DIR/$GEN_SUBSET.gold") || die "prepared $GEN_SUBSET words and trees differ in length"
 device_args=()
 [ "$DEVICE" = cpu ] && device_args=(--cpu)
@@ -66,7 +66,7 @@ run fairseq-generate "$BIN_DIR" --user-dir "$PLUGIN_DIR" --task vaswani_translat
   --max-tokens "$GEN_MAX_TOKENS" --required-batch-size-multiple 1 \
   "${device_args[@]}" "${precision_args[@]}" "${extra[@]}" > "$GEN_DIR/generate.txt.tmp"
 mv "$GEN_DIR/generate.txt.tmp" "$GEN_DIR/generate.txt"
-run python "$PREPARE_TEXT" extract-hypotheses --expected "$expected" \
+run "$PREPARE_TEXT" extract-hypotheses --expected "$expected" \
   "$GEN_DIR/generate.txt" "$GEN_DIR/hyp.$TGT"
 run "$PREPARE_TREES" delinearize --words "$PREP_DIR/$GEN_SUBSET.$SRC" \
   --hypotheses "$GEN_DIR/hyp.$TGT" "${tags_from[@]}" \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Step 4, average (paper §6.1): the mean of the last AVERAGE_LAST interval checkpoints (5 for
 # base, 20 for big) into $RUN_DIR/average/checkpoint_avg.pt, with
-# scripts/average_checkpoints.py.
+# vaswani-average.
 #
 #   bash recipes/steps/average.sh PAIR      (PAIR: a file of recipes/pairs/, e.g. wmt14_en_de)
 #
@@ -14,7 +14,7 @@ STEP_NAME=average
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 start_pair_run "$@"
 model_defaults
-AVERAGE_SCRIPT=${AVERAGE_SCRIPT:-$SCRIPTS_DIR/average_checkpoints.py}
+AVERAGE_COMMAND=${AVERAGE_COMMAND:-vaswani-average}
 [ "$AVERAGE_LAST" -gt 0 ] || die "AVERAGE_LAST must be positive"
 
 config="v1 last=$AVERAGE_LAST"
@@ -23,7 +23,7 @@ if step_is_done "$AVG_DIR" "$config" "$CKPT_DIR"; then
   exit 0
 fi
 require_step "$CKPT_DIR" train
-[ -f "$AVERAGE_SCRIPT" ] || die "$AVERAGE_SCRIPT is missing"
+command -v "$AVERAGE_COMMAND" >/dev/null || die "$AVERAGE_COMMAND: no such command"
 available=$(cd "$CKPT_DIR" && ls checkpoint_[0-9]*_[0-9]*.pt 2>/dev/null | wc -l)
 [ "$available" -gt 0 ] || die "no interval checkpoints (checkpoint_E_U.pt) in $CKPT_DIR"
 count=$AVERAGE_LAST
@@ -33,9 +33,9 @@ if [ "$available" -lt "$count" ]; then
 fi
 step_restart "$AVG_DIR"
 log "averaging the last $count update checkpoints of $CKPT_DIR"
-run python "$AVERAGE_SCRIPT" --inputs "$CKPT_DIR" --num-update-checkpoints "$count" \
+run "$AVERAGE_COMMAND" --inputs "$CKPT_DIR" --num-update-checkpoints "$count" \
   --output "$AVG_DIR/checkpoint_avg.pt"
-[ -s "$AVG_DIR/checkpoint_avg.pt" ] || die "$AVERAGE_SCRIPT wrote no $AVG_DIR/checkpoint_avg.pt"
+[ -s "$AVG_DIR/checkpoint_avg.pt" ] || die "$AVERAGE_COMMAND wrote no $AVG_DIR/checkpoint_avg.pt"
 # The text pipeline record and its subword model travel with the averaged model (the hub reads
 # them); data prepared elsewhere has none, and the hub then says which pipeline it assumes.
 carried=()

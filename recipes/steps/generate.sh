@@ -47,7 +47,7 @@ decoding_args
 precision_args=()
 [ "$PRECISION" = fp16 ] && precision_args=(--fp16)
 read -r -a extra <<< "$GEN_ARGS"
-expected=$(python "$PREPARE_TEXT" check-lines "$PREP_DIR/test.$S" "$PREP_DIR/test.ref.$T") \
+expected=$("$PREPARE_TEXT" check-lines "$PREP_DIR/test.$S" "$PREP_DIR/test.ref.$T") \
   || die "prepared test set and reference differ in length"
 
 step_restart "$GEN_DIR"
@@ -57,16 +57,16 @@ run fairseq-generate "$BIN_DIR" "${DECODING_ARGS[@]}" \
   --max-tokens "$GEN_MAX_TOKENS" --post-process "$SUBWORD_POST_PROCESS" \
   "${precision_args[@]}" "${extra[@]}" > "$GEN_DIR/generate-test.txt.tmp"
 mv "$GEN_DIR/generate-test.txt.tmp" "$GEN_DIR/generate-test.txt"
-python "$PREPARE_TEXT" extract-hypotheses --expected "$expected" \
+"$PREPARE_TEXT" extract-hypotheses --expected "$expected" \
   "$GEN_DIR/generate-test.txt" "$GEN_DIR/hyp.$T"
 if [ "$SUBWORD" = bpe ]; then
   log "detokenising the hypotheses (sacremoses)"
-  python "$PREPARE_TEXT" detokenize --lang "$T" "$GEN_DIR/hyp.$T" "$GEN_DIR/hyp.detok.$T"
+  "$PREPARE_TEXT" detokenize --lang "$T" "$GEN_DIR/hyp.$T" "$GEN_DIR/hyp.detok.$T"
 else
   # SentencePiece decoding (--post-process sentencepiece) already gives untokenised text.
   cp "$GEN_DIR/hyp.$T" "$GEN_DIR/hyp.detok.$T"
 fi
-python "$PREPARE_TEXT" check-lines --expected "$expected" "$GEN_DIR/hyp.detok.$T" > /dev/null \
+"$PREPARE_TEXT" check-lines --expected "$expected" "$GEN_DIR/hyp.detok.$T" > /dev/null \
   || die "hypotheses and test set differ in length"
 log "$expected hypotheses in $GEN_DIR/hyp.detok.$T"
 step_mark_done "$GEN_DIR" "$config" "${upstream[@]}" -- generate-test.txt "hyp.$T" "hyp.detok.$T"

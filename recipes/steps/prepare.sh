@@ -84,7 +84,7 @@ if [ -n "$RAW_DIR" ]; then
       [ -f "$RAW_DIR/$split.$lang" ] || die "$RAW_DIR/$split.$lang is missing (expected files: {train,valid,test}.{$S,$T})"
       cp "$RAW_DIR/$split.$lang" "$tmp/raw.$split.$lang"
     done
-    n=$(python "$PREPARE_TEXT" check-lines "$tmp/raw.$split.$S" "$tmp/raw.$split.$T") \
+    n=$("$PREPARE_TEXT" check-lines "$tmp/raw.$split.$S" "$tmp/raw.$split.$T") \
       || die "$RAW_DIR/$split.$S and $split.$T must have the same number of lines"
     log "$split: $n pairs"
   done
@@ -105,9 +105,9 @@ else
       if [ $side = src ]; then member=$src_member; lang=$S; else member=$tgt_member; lang=$T; fi
       archive_member "$DOWNLOAD_DIR/$archive" "$member" > "$tmp/$split.$lang.sgm" \
         || die "cannot read $member from $DOWNLOAD_DIR/$archive"
-      python "$PREPARE_TEXT" sgm-to-text "$tmp/$split.$lang.sgm" "$tmp/raw.$split.$lang"
+      "$PREPARE_TEXT" sgm-to-text "$tmp/$split.$lang.sgm" "$tmp/raw.$split.$lang"
     done
-    python "$PREPARE_TEXT" check-lines --expected "$lines" "$tmp/raw.$split.$S" "$tmp/raw.$split.$T" \
+    "$PREPARE_TEXT" check-lines --expected "$lines" "$tmp/raw.$split.$S" "$tmp/raw.$split.$T" \
       > /dev/null || die "$split set: unexpected line counts"
   done
 fi
@@ -132,14 +132,14 @@ else
 fi
 for split in train valid test; do
   for lang in "$S" "$T"; do
-    python "$PREPARE_TEXT" normalize --lang "$lang" --workers "$WORKERS" "${tokenize_flag[@]}" \
+    "$PREPARE_TEXT" normalize --lang "$lang" --workers "$WORKERS" "${tokenize_flag[@]}" \
       "$tmp/raw.$split.$lang" "$tmp/tok.$split.$lang"
   done
 done
 
 # ---- 3. clean the training pairs -------------------------------------------------------------
 log "cleaning training pairs: $MIN_LEN..$MAX_LEN tokens, length ratio <= $LEN_RATIO"
-python "$PREPARE_TEXT" clean --min-len "$MIN_LEN" --max-len "$MAX_LEN" --ratio "$LEN_RATIO" \
+"$PREPARE_TEXT" clean --min-len "$MIN_LEN" --max-len "$MAX_LEN" --ratio "$LEN_RATIO" \
   --src-in "$tmp/tok.train.$S" --tgt-in "$tmp/tok.train.$T" \
   --src-out "$tmp/clean.train.$S" --tgt-out "$tmp/clean.train.$T"
 for lang in "$S" "$T"; do
@@ -162,12 +162,12 @@ if [ "$SUBWORD" = bpe ]; then
   done
 else
   log "training a joint SentencePiece model, $SPM_VOCAB pieces ($SPM_MODEL_TYPE)"
-  python "$PREPARE_TEXT" spm-train --model-prefix "$PREP_DIR/spm" --vocab-size "$SPM_VOCAB" \
+  "$PREPARE_TEXT" spm-train --model-prefix "$PREP_DIR/spm" --vocab-size "$SPM_VOCAB" \
     --model-type "$SPM_MODEL_TYPE" --input-sentence-size "$SPM_SAMPLE" \
     "$tmp/clean.train.$S" "$tmp/clean.train.$T"
   for split in train valid test; do
     for lang in "$S" "$T"; do
-      python "$PREPARE_TEXT" spm-encode --model "$PREP_DIR/spm.model" --workers "$WORKERS" \
+      "$PREPARE_TEXT" spm-encode --model "$PREP_DIR/spm.model" --workers "$WORKERS" \
         "$tmp/clean.$split.$lang" "$tmp/sub.$split.$lang"
     done
   done
@@ -175,17 +175,17 @@ fi
 
 # ---- 5. check and finish ---------------------------------------------------------------------
 for split in train valid test; do
-  n=$(python "$PREPARE_TEXT" check-lines "$tmp/sub.$split.$S" "$tmp/sub.$split.$T") \
+  n=$("$PREPARE_TEXT" check-lines "$tmp/sub.$split.$S" "$tmp/sub.$split.$T") \
     || die "$split: the two sides lost their alignment"
   log "$split: $n pairs"
   mv "$tmp/sub.$split.$S" "$PREP_DIR/$split.$S"
   mv "$tmp/sub.$split.$T" "$PREP_DIR/$split.$T"
 done
-python "$PREPARE_TEXT" check-lines "$PREP_DIR/test.$S" "$PREP_DIR/test.ref.$T" > /dev/null \
+"$PREPARE_TEXT" check-lines "$PREP_DIR/test.$S" "$PREP_DIR/test.ref.$T" > /dev/null \
   || die "the test set and its reference differ in length"
 # The text pipeline record (settings + the subword model's sha256): the model carries it, and the
 # hub and the exports encode raw text by it.
-python "$PREPARE_TEXT" write-pipeline --source-lang "$S" --target-lang "$T" --subword "$SUBWORD" \
+"$PREPARE_TEXT" write-pipeline --source-lang "$S" --target-lang "$T" --subword "$SUBWORD" \
   --model "$PREP_DIR/${subword_outputs[0]}" --output "$PREP_DIR/text_pipeline.json"
 rm -rf "$tmp"
 step_mark_done "$PREP_DIR" "$config" "${raw_inputs[@]}" -- \

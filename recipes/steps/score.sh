@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Step 6, score (paper Table 2): BLEU of the test translations against the untouched reference,
-# with scripts/score_translation.py: tokenized BLEU (with compound splitting for German, the
+# with vaswani-score: tokenized BLEU (with compound splitting for German, the
 # paper's lineage) and sacreBLEU with its signature. Both are printed and saved in
 # $RUN_DIR/score/{bleu.json,bleu.txt}.
 #
@@ -12,7 +12,7 @@ STEP_NAME=score
 # shellcheck source=../common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 start_pair_run "$@"
-SCORE_SCRIPT=${SCORE_SCRIPT:-$SCRIPTS_DIR/score_translation.py}
+SCORE_COMMAND=${SCORE_COMMAND:-vaswani-score}
 T=$TGT_LANG
 
 config="v1 $T"
@@ -22,15 +22,15 @@ if step_is_done "$SCORE_DIR" "$config" "$GEN_DIR"; then
   exit 0
 fi
 require_step "$GEN_DIR" generate
-[ -f "$SCORE_SCRIPT" ] || die "$SCORE_SCRIPT is missing"
+command -v "$SCORE_COMMAND" >/dev/null || die "$SCORE_COMMAND: no such command"
 compound=()
 [ "$T" = de ] || compound=(--no-compound-split)
 step_restart "$SCORE_DIR"
 log "scoring $GEN_DIR/hyp.detok.$T against $PREP_DIR/test.ref.$T"
-run python "$SCORE_SCRIPT" --hyp "$GEN_DIR/hyp.detok.$T" --ref "$PREP_DIR/test.ref.$T" \
+run "$SCORE_COMMAND" --hyp "$GEN_DIR/hyp.detok.$T" --ref "$PREP_DIR/test.ref.$T" \
   --target-lang "$T" "${compound[@]}" --output-json "$SCORE_DIR/bleu.json" \
   > "$SCORE_DIR/bleu.txt.tmp"
 mv "$SCORE_DIR/bleu.txt.tmp" "$SCORE_DIR/bleu.txt"
 cat "$SCORE_DIR/bleu.txt"
-[ -s "$SCORE_DIR/bleu.json" ] || die "$SCORE_SCRIPT wrote no $SCORE_DIR/bleu.json"
+[ -s "$SCORE_DIR/bleu.json" ] || die "$SCORE_COMMAND wrote no $SCORE_DIR/bleu.json"
 step_mark_done "$SCORE_DIR" "$config" "$GEN_DIR" -- bleu.json bleu.txt

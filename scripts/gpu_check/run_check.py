@@ -502,7 +502,7 @@ class Check:
         trained = time.time() - started
         average = save_dir / "checkpoint_avg.pt"
         avg = self.command("demo-average", [
-            self.python, REPO / "scripts" / "average_checkpoints.py", "--inputs", save_dir,
+            self.python, "-m", "user_plugin.commands.average_checkpoints", "--inputs", save_dir,
             "--num-update-checkpoints", "5", "--output", average],
             budget - (time.time() - started))
         if avg["code"] != 0:

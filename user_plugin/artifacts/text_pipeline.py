@@ -254,7 +254,7 @@ class TextPipeline:
 
     def pretokenize(self, sentence: str, target: bool = False) -> str:
         """Steps 1-4: a raw sentence of the source (or target) side -> the text the subword
-        model learns from and splits (the recipes' ``prepare_text.py normalize`` output)."""
+        model learns from and splits (the recipes' ``vaswani-prepare-text normalize`` output)."""
         lang = self.target_lang if target else self.source_lang
         text = single_line(sentence)
         if self.normalize_punctuation:

@@ -13,6 +13,9 @@ command                    module
 =========================  ================================================================
 ``vaswani-user-dir``       :mod:`.user_dir`: prints the ``--user-dir`` path
 ``vaswani-options``        :mod:`.model_options`: the plugin's model/criterion/task options
+``vaswani-prepare-text``   :mod:`.prepare_text`: Moses text preparation, SentencePiece (§5.1)
+``vaswani-average``        :mod:`.average_checkpoints`: checkpoint averaging (§6.1)
+``vaswani-score``          :mod:`.score_translation`: tokenized BLEU and sacreBLEU (Table 2)
 ``vaswani-plot-training``  :mod:`.plot_training`: training curves from fairseq-train logs
 ``vaswani-plot-attention`` :mod:`.plot_attention`: attention heatmaps (Figures 3-5)
 ``vaswani-ablation-table`` :mod:`.ablation_table`: Table 3 from ``recipes/ablation.sh``

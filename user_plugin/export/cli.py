@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from ..files.errors import run_main
 
-PROG = "python -m user_plugin.export"
+PROG = "vaswani-export"
 TARGETS = ("fairseq", "ctranslate2", "transformers")
 
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Average the parameters of several fairseq checkpoints into one (paper §6.1).
 
 "For the base models, we used a single model obtained by averaging the last 5 checkpoints,
@@ -11,7 +10,7 @@ a list of files, and writes their elementwise mean.
 fairseq's own ``scripts/average_checkpoints.py`` is not part of its wheel; this is the project's
 own, with the same command line::
 
-    python scripts/average_checkpoints.py --inputs CHECKPOINT_DIR --num-update-checkpoints 5 \\
+    vaswani-average --inputs CHECKPOINT_DIR --num-update-checkpoints 5 \\
         --output CHECKPOINT_DIR/checkpoint_avg5.pt [--checkpoint-upper-bound 100000]
 
 How it averages: checkpoints are read one at a time (only one is in memory beside the running
@@ -42,9 +41,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-# ``import user_plugin`` from any directory; logging set up before fairseq is imported (see
-# user_plugin.files).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# Logging set up before fairseq is imported (see user_plugin.files).
 logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
 
 import torch  # noqa: E402
@@ -244,6 +241,7 @@ def average_checkpoints(paths: Sequence[Path]) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
+        prog=PROG,
         description="Average the parameters of fairseq checkpoints (paper §6.1: the last 5 for "
                     "base models, the last 20 for big ones).")
     parser.add_argument("--inputs", required=True, nargs="+", metavar="PATH",
@@ -314,5 +312,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+PROG = "vaswani-average"
+
+
+def cli_main() -> int:
+    """The console script: :func:`main`, bad input as one error line and status 1."""
+    return run_main(main, None, PROG)
+
+
 if __name__ == "__main__":
-    sys.exit(run_main(main, None, Path(sys.argv[0]).name))
+    sys.exit(cli_main())

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Score detokenized translations two ways: the paper's tokenized BLEU, and sacreBLEU.
 
 The EN-DE numbers of the paper (Table 2, §6.1) come from tensor2tensor, whose
@@ -19,7 +18,7 @@ steps in Python for both sides:
 It also reports sacreBLEU on the detokenized text, with its signature, the number to compare
 across papers (typically 0.5-1.5 lower than the tokenized one).
 
-    python scripts/score_translation.py --hyp hyp.detok.de --ref newstest2014.de \\
+    vaswani-score --hyp hyp.detok.de --ref newstest2014.de \\
         --target-lang de [--no-compound-split] [--output-json bleu.json]
 """
 
@@ -34,9 +33,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-# ``import user_plugin`` from any directory; logging set up before fairseq is imported (see
-# user_plugin.files).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# Logging set up before fairseq is imported (see user_plugin.files).
 logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
 
 from user_plugin.files import (  # noqa: E402
@@ -184,6 +181,7 @@ def score_files(hyp: Path, ref: Path, lang: str,
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
+        prog=PROG,
         description="Tokenized BLEU with compound splitting (the paper's EN-DE numbers) and "
                     "sacreBLEU, for detokenized hypotheses and references.")
     parser.add_argument("--hyp", required=True, type=Path, help="detokenized hypotheses")
@@ -215,5 +213,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+PROG = "vaswani-score"
+
+
+def cli_main() -> int:
+    """The console script: :func:`main`, bad input as one error line and status 1."""
+    return run_main(main, None, PROG)
+
+
 if __name__ == "__main__":
-    sys.exit(run_main(main, None, Path(sys.argv[0]).name))
+    sys.exit(cli_main())

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Text preparation helpers that the WMT14 recipes call (paper §5.1, "Training Data and Batching").
 
 The paper trains on WMT14 EN-DE (about 4.5M sentence pairs, byte-pair encoded) and WMT14 EN-FR
@@ -43,9 +42,7 @@ from itertools import islice
 from multiprocessing import Pool
 from pathlib import Path
 
-# ``import user_plugin`` from any directory; logging set up before fairseq is imported (see
-# user_plugin.files).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# Logging set up before fairseq is imported (see user_plugin.files).
 logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
 
 from user_plugin.artifacts.text_pipeline import TextPipeline  # noqa: E402
@@ -425,7 +422,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="prepare_text.py", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     workers_help = "parallel processes (default: 1)"
 
@@ -511,5 +508,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     return command(args)
 
 
+PROG = "vaswani-prepare-text"
+
+
+def cli_main() -> int:
+    """The console script: :func:`main`, bad input as one error line and status 1."""
+    return run_main(main, None, PROG)
+
+
 if __name__ == "__main__":
-    sys.exit(run_main(main, None, "prepare_text.py"))
+    sys.exit(cli_main())
