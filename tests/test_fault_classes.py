@@ -539,10 +539,10 @@ def test_prepare_text_never_writes_over_its_input(tmp_path):
     text = tmp_path / "train.de"
     text.write_text("Ein  Hund „läuft“ .\n", encoding="utf-8")
     before = snapshot(tmp_path)
-    for command in (["normalize", "--lang", "de", text, text],
-                    ["detokenize", "--lang", "de", text, text]):
-        proc = subprocess.run([*command("prepare_text"),
-                               *map(str, command)], capture_output=True, text=True, check=False)
+    for argv in (["normalize", "--lang", "de", text, text],
+                 ["detokenize", "--lang", "de", text, text]):
+        proc = subprocess.run([*command("prepare_text"), *map(str, argv)], capture_output=True,
+                              text=True, check=False)
         assert proc.returncode == 1 and "is also an input" in one_error_line(proc.stderr)
     assert snapshot(tmp_path) == before
 
