@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli import REPO
+from cli import REPO, command
 from conftest import TINY, build_vaswani, make_dictionary
 from fault_injection import snapshot
 
