@@ -86,3 +86,22 @@ def test_python_dash_m_user_plugin_prints_the_user_dir(tmp_path):
     printed = Path(proc.stdout.strip())
     assert printed == REPO / "user_plugin"
     assert (printed / "__init__.py").is_file() and (printed / "models").is_dir()
+
+
+def test_readme_and_docs_point_at_files_that_exist():
+    """Every relative link of the README and of docs/, and every test file the README's claim
+    table names, exists (the front page stays true as files move)."""
+    broken = []
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        text = page.read_text(encoding="utf-8")
+        for target in re.findall(r"\]\(([^)#\s]+)", text):
+            if not target.startswith(("http://", "https://")) and \
+                    not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(REPO)}: {target}")
+        for pattern in re.findall(r"`(tests/[\w*]+\.py)`", text):
+            if not list(REPO.glob(pattern)):
+                broken.append(f"{page.relative_to(REPO)}: {pattern}")
+    assert broken == []
+    claims = (REPO / "README.md").read_text(encoding="utf-8").split(
+        "## Correctness, proven by tests", 1)[1]
+    assert len(re.findall(r"`tests/[\w*]+\.py`", claims)) >= 20
