@@ -15,8 +15,9 @@ which model goes first on every repeat:
 * a sweep over sentence length (training step time and memory at a fixed token budget);
 * a sweep over output length (beam search made to produce exactly L tokens), with an
   attention-free bound: our model with every decoder attention reduced to its matrix products
-  (:class:`ProjectionsOnlyAttention`), whose time is a floor for any implementation of the same
-  model in the same generator, so built-in / bound is the largest reachable speed-up.
+  (``user_plugin/modules/projections_only_attention.py``), whose time is a floor for any
+  implementation of the same model in the same generator, so built-in / bound is the largest
+  reachable speed-up.
 
 The built-in model is given our positional encoding (§3.5, interleaved sine/cosine; fairseq's
 concatenates the sines and cosines), so that both models compute the same function: the same
@@ -59,7 +60,6 @@ from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
-from torch import nn
 
 # ``import user_plugin`` from any directory; logging set up before fairseq is imported (see
 # user_plugin.files).
@@ -321,43 +321,6 @@ def sweep_batch(train_pairs, length: int, sentences: int, eos: int) -> list:
 # the worker: one model, one measurement, in a fresh process
 
 
-class ProjectionsOnlyAttention(nn.Module):
-    """Stand-in for a decoder attention, for the attention-free bound of the decoding sweep.
-
-    It does the attention's four matrix products on a decoding step (queries, keys and values of
-    the new step, output projection; queries and output for the encoder-decoder attention) and
-    nothing else: no cache, no scores, no softmax, no weighted sum, no reorders. A decoder whose
-    attentions are all replaced keeps every matrix product of the real one and its place in
-    fairseq's ``SequenceGenerator``, so its time at a fixed output length is a floor for any
-    implementation of the same model, and built-in / floor is the largest speed-up attention and
-    cache work can buy. Its outputs are meaningless (only the work counts).
-    """
-
-    def __init__(self, attention: nn.Module) -> None:
-        super().__init__()
-        self.attention = attention
-
-    def forward(self, query, key_value, attn_mask=None, is_causal=False, incremental_state=None,
-                need_weights=False, beam=None):
-        attention = self.attention
-        if incremental_state is None or query.size(1) != 1:
-            raise ValueError("the attention-free bound only decodes step by step")
-        q = attention.q_proj(query)
-        if attention.encoder_decoder:
-            return attention.out_proj(q), None
-        source = query if key_value is None else key_value
-        attention.k_proj(source)
-        return attention.out_proj(attention.v_proj(source)), None
-
-
-def attention_free(model: nn.Module) -> nn.Module:
-    """Replace every decoder attention of our model by :class:`ProjectionsOnlyAttention`."""
-    for layer in model.decoder.layers:
-        layer.self_attn = ProjectionsOnlyAttention(layer.self_attn)
-        layer.encoder_attn = ProjectionsOnlyAttention(layer.encoder_attn)
-    return model
-
-
 def current_rss_kb() -> int:
     with open("/proc/self/statm") as handle:
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
@@ -454,6 +417,8 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
     if impl == BOUND:
         if mode != "decode-sweep":
             raise ValueError("the attention-free bound is only measured at fixed output lengths")
+        from user_plugin.modules.projections_only_attention import attention_free
+
         attention_free(model)
     if impl == "builtin":  # our §3.5 encoding, so that both models compute the same function
         from user_plugin.builtin_transformer import OurPositionsForFairseq

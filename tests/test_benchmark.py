@@ -47,16 +47,6 @@ def test_benchmark_runs_both_models_on_the_same_work_and_reports_ratios(tmp_path
     assert "identical beam-search hypotheses: True" in proc.stdout
 
 
-def load_benchmark_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("benchmark_script",
-                                                  REPO / "scripts" / "benchmark.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_attention_free_bound_keeps_every_matrix_product_and_drops_the_attention_work():
     """The decoding bound is meaningful only if it does all of the real decoder's matrix
     products (so its time is a floor, not a different model) and none of the attention work."""
@@ -64,13 +54,14 @@ def test_attention_free_bound_keeps_every_matrix_product_and_drops_the_attention
     from conftest import TINY, build_vaswani, make_dictionary, random_batch
     from fairseq.sequence_generator import SequenceGenerator
 
-    benchmark = load_benchmark_module()
+    from user_plugin.modules.projections_only_attention import attention_free
+
     dictionary = make_dictionary(40)
     torch.manual_seed(0)
     real = build_vaswani(dictionary, "vaswani_base", **TINY).eval()
     bound = build_vaswani(dictionary, "vaswani_base", **TINY).eval()
     bound.load_state_dict(real.state_dict())
-    benchmark.attention_free(bound)
+    attention_free(bound)
     assert bound.state_dict().keys() != real.state_dict().keys()  # wrapped, same tensors
     assert len(bound.state_dict()) == len(real.state_dict())
 

@@ -55,13 +55,15 @@ def test_recipes_and_docs_name_only_declared_commands():
 @pytest.mark.parametrize("folder", ["tests", "scripts", "user_plugin", "examples"])
 def test_nothing_imports_a_script(folder):
     """A script is a program, not a library: no ``sys.path`` entry for ``scripts/``, no import
-    of one of its modules by name."""
+    of one of its modules by name or by file."""
     script_modules = {p.stem for p in (REPO / "scripts").rglob("*.py")}
     offenders = []
     for path in sorted((REPO / folder).rglob("*.py")):
         text = path.read_text(encoding="utf-8")
         if re.search(r"""sys\.path\.insert\([^)\n]*["']scripts["']""", text):
             offenders.append(f"{path.relative_to(REPO)}: puts scripts/ on sys.path")
+        if re.search(r"""spec_from_file_location\([^)]*["']scripts["']""", text):
+            offenders.append(f"{path.relative_to(REPO)}: loads a file of scripts/ as a module")
         tree = ast.parse(text)
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
