@@ -5,14 +5,12 @@ mixed directory is recognised before translating (:func:`check_export_directory`
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
-from ..files.errors import file_error
 from .digests import sha256_of
-from .errors import ArtifactError
+from .errors import ArtifactError, read_json
 
 #: The file of an export directory that describes it (see the module docstring).
 MANIFEST = "vaswani_export.json"
@@ -62,13 +60,7 @@ def read_manifest(directory: str | os.PathLike) -> dict:
     if not path.is_file():
         raise ArtifactError(f"{directory}: not a CTranslate2 export of vaswani (no {MANIFEST}; "
                         "export one with python -m user_plugin.export ... --to ctranslate2)")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as error:
-        raise file_error(path, error) from None
-    except json.JSONDecodeError as error:
-        raise ArtifactError(f"{path}: corrupt manifest (not JSON: {error.msg} at line "
-                        f"{error.lineno})") from None
+    manifest = read_json(path, "manifest")
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ArtifactError(f"{path}: not a manifest of format {FORMAT}")
     missing = [key for key in MANIFEST_KEYS if key not in manifest]

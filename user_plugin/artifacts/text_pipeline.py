@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from ..files.atomic import atomic_write_text
-from ..files.errors import file_error, first_line
+from ..files.errors import first_line
 from ..files.text import single_line
 from .digests import sha256_of
-from .errors import ArtifactError
+from .errors import ArtifactError, read_json
 
 #: The record's file name, beside the prepared data and in every model directory and export.
 RECORD_NAME = "text_pipeline.json"
@@ -188,13 +188,7 @@ class TextPipeline:
         path = Path(path)
         if path.is_dir():
             path = path / RECORD_NAME
-        try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError) as error:
-            raise file_error(path, error) from None
-        except json.JSONDecodeError as error:
-            raise ArtifactError(f"{path}: corrupt text pipeline record (not JSON: {error.msg} "
-                                f"at line {error.lineno})") from None
+        record = read_json(path, "text pipeline record")
         pipeline = cls.from_record(record, str(path))
         if pipeline.subword == "none":
             return pipeline
