@@ -457,6 +457,15 @@ step_is_done() {
   fi
 }
 
+# skip_step_if_done DIR CONFIG [UPSTREAM_DIR...]: end the script, saying so, when the step in
+# DIR is done (step_is_done): a rerun of finished work changes nothing.
+skip_step_if_done() {
+  if step_is_done "$@"; then
+    log "already done ($1/.done); skipping"
+    exit 0
+  fi
+}
+
 # require_step UPSTREAM_DIR NAME [ITS_INPUT_DIR...]: die unless the step NAME finished in
 # UPSTREAM_DIR and, when its own input directories are given, read them as they are now (none
 # was redone since it ran).
@@ -544,6 +553,25 @@ step_can_continue() {
     log "the unfinished work in $1 cannot be continued: $reason"
     return 1
   fi
+}
+
+# binarize_prepared CONFIG SRC TGT [FAIRSEQ_PREPROCESS_OPTION...]: the binarize step of a
+# recipe: fairseq-preprocess the train, valid and test splits of $PREP_DIR into $BIN_DIR
+# (emptied first) with these options and $WORKERS workers, then mark the step done with CONFIG.
+# Skipped when that is already done; the prepare step must be.
+binarize_prepared() {
+  local config=$1 src=$2 tgt=$3 outputs
+  skip_step_if_done "$BIN_DIR" "$config" "$PREP_DIR"
+  require_step "$PREP_DIR" prepare
+  log "binarizing $PREP_DIR into $BIN_DIR ($WORKERS workers): ${*:4}"
+  step_restart "$BIN_DIR"
+  run fairseq-preprocess --source-lang "$src" --target-lang "$tgt" \
+    --trainpref "$PREP_DIR/train" --validpref "$PREP_DIR/valid" --testpref "$PREP_DIR/test" \
+    --destdir "$BIN_DIR" --workers "$WORKERS" "${@:4}"
+  mapfile -t outputs < <(preprocess_outputs "$src" "$tgt")
+  log "dictionaries: $(wc -l < "$BIN_DIR/dict.$src.txt") $src and" \
+    "$(wc -l < "$BIN_DIR/dict.$tgt.txt") $tgt types (+4 special symbols)"
+  step_mark_done "$BIN_DIR" "$config" "$PREP_DIR" -- "${outputs[@]}"
 }
 
 # preprocess_outputs SRC TGT: the files fairseq-preprocess writes for the pair with train, valid

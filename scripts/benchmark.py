@@ -19,7 +19,10 @@ which model goes first on every repeat:
   implementation of the same model in the same generator, so built-in / bound is the largest
   reachable speed-up.
 
-The built-in model is given our positional encoding (§3.5, interleaved sine/cosine; fairseq's
+The built-in runs as stock fairseq: its processes never import the plugin's registration, so
+none of the plugin's fairseq patches is active there (each run checks this and records it as
+``plugin_loaded`` and ``fairseq_patches``). Ours runs as ``--user-dir`` loads it, patches and
+all. The built-in model is given our positional encoding (§3.5, interleaved sine/cosine; fairseq's
 concatenates the sines and cosines), so that both models compute the same function: the same
 first training loss without dropout, and the same hypotheses, which the benchmark checks.
 
@@ -31,7 +34,9 @@ growth over the resident size before the measured work; on a GPU
 (model and loss) under bfloat16 autocast; it decodes under the same autocast. It runs on a CPU
 too. ``--dtype fp16`` (CUDA only) uses ``torch.autocast(float16)`` with a ``GradScaler``, which
 is not fairseq's ``--fp16`` (float16 weights). ``--device cuda`` reports model FLOPs utilisation
-(MFU) of training. The CUDA path has not been run (no GPU was available).
+(MFU) of training. The GPU figures that users would compare come from
+``scripts/gpu_check/run_check.py`` (``fairseq-train`` itself); this script's CUDA path has not
+been run on a GPU.
 
 Example (the default small model, a few minutes on 2 CPU cores)::
 
@@ -81,6 +86,8 @@ MODEL_SIZES = {
     "base": (6, 512, 2048, 8),
     "big": (6, 1024, 4096, 16),
 }
+STOCK_NOTE = ("built-in: fairseq's transformer and label_smoothed_cross_entropy, each run in a "
+              "process without the plugin (not registered, no fairseq patch active; checked)")
 # dense bf16/fp16 tensor-core peak (TFLOP/s) by GPU name, for MFU; override with --peak-tflops
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0}
 
@@ -390,8 +397,9 @@ def peak_flops(args) -> Optional[float]:
 def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
     from fairseq.data import Dictionary
 
-    import user_plugin.registration  # noqa: F401  (our model and criterion)
-
+    if spec["impl"] != "builtin":
+        # as ``--user-dir`` loads the plugin: our model, criterion and fairseq patches
+        import user_plugin.registration  # noqa: F401
     args = argparse.Namespace(**spec["args"])
     for key in ("data", "work_dir", "json_out"):
         if getattr(args, key) is not None:
@@ -451,12 +459,31 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
             count = max(1, args.sweep_tokens // length)
             samples = [collate(sweep_batch(data["train"], length, count, eos), pad, eos, device)]
             warmup, repeats = samples, samples * args.sweep_steps
-        return train_measure(args, model, task, impl, cfg, len(dictionary), device, autocast,
-                             warmup, repeats)
+        result = train_measure(args, model, task, impl, cfg, len(dictionary), device,
+                               autocast, warmup, repeats)
+        return {**result, **plugin_state(impl)}
     if mode == "decode-sweep":
-        return decode_measure(args, model, dictionary, impl, data["test"], device, autocast,
-                              output_length=spec["length"])
-    return decode_measure(args, model, dictionary, impl, data["test"], device, autocast)
+        result = decode_measure(args, model, dictionary, impl, data["test"], device, autocast,
+                                output_length=spec["length"])
+    else:
+        result = decode_measure(args, model, dictionary, impl, data["test"], device, autocast)
+    return {**result, **plugin_state(impl)}
+
+
+def plugin_state(impl: str) -> Dict[str, Any]:
+    """Whether this process had the plugin registered and which of its fairseq patches were
+    active. The built-in must run as stock fairseq: a process without either, checked after the
+    measurement so that nothing imported on the way went unnoticed."""
+    loaded = "user_plugin.registration" in sys.modules
+    patches: List[str] = []
+    if "user_plugin.fairseq_patches" in sys.modules:
+        from user_plugin.fairseq_patches import installed
+
+        patches = list(installed())
+    if impl == "builtin" and (loaded or patches):
+        raise RuntimeError(f"the built-in ran with the plugin loaded ({patches}): "
+                           "not stock fairseq")
+    return {"plugin_loaded": loaded, "fairseq_patches": patches}
 
 
 def train_measure(args, model, task, impl, cfg, vocab, device, autocast, warmup, samples):
@@ -667,6 +694,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         report = [table(rows)] if rows else []
         if "decode" in runs:
             report.append(f"\nidentical beam-search hypotheses: {results['identical_hypotheses']}")
+        if rows:
+            report.append(STOCK_NOTE)
         if "sweep" not in skip and sweep_lengths(args):
             sweep = run_sweep(args, argv_spec, work)
             results["sweep"] = sweep

@@ -88,7 +88,8 @@ def is_older(path: Path, than: Path) -> bool:
 def ensure_exports(args) -> dict[str, Path]:
     """The built-in and CTranslate2 exports of ``--checkpoint`` in ``--work-dir``, made when
     missing or older than the checkpoint."""
-    from user_plugin.export.ctranslate2_model import MANIFEST, export_ctranslate2
+    from user_plugin.artifacts.manifest import MANIFEST
+    from user_plugin.export.ctranslate2_model import export_ctranslate2
     from user_plugin.export.fairseq_checkpoint import export_fairseq_checkpoint
 
     paths = {"builtin": args.work_dir / "builtin.pt", "ours": args.checkpoint,

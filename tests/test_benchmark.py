@@ -45,6 +45,13 @@ def test_benchmark_runs_both_models_on_the_same_work_and_reports_ratios(tmp_path
     assert math.isclose(summary["ratio"], summary["ours"] / summary["builtin"])
     assert "| training target tokens/s |" in proc.stdout
     assert "identical beam-search hypotheses: True" in proc.stdout
+    # the built-in is stock fairseq: every one of its runs had neither the plugin nor a patch
+    builtin_runs = [*result["runs"]["train"]["builtin"], *result["runs"]["decode"]["builtin"],
+                    *(row["builtin"] for row in result["sweep"] + result["decode_sweep"])]
+    assert [(r["plugin_loaded"], r["fairseq_patches"]) for r in builtin_runs] == [
+        (False, [])] * len(builtin_runs)
+    assert ours["plugin_loaded"] is True and ours["fairseq_patches"]
+    assert "process without the plugin" in proc.stdout
 
 
 def test_attention_free_bound_keeps_every_matrix_product_and_drops_the_attention_work():

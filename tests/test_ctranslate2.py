@@ -17,7 +17,7 @@ from conftest import SHIPPING_VARIANTS, our_checkpoint_with
 
 pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (the test extra has it)")
 
-from user_plugin.export.ctranslate2_model import MANIFEST  # noqa: E402
+from user_plugin.artifacts.manifest import MANIFEST  # noqa: E402
 from user_plugin.hub import HubError, load_translator  # noqa: E402
 from user_plugin.hub.ctranslate2_translator import rerank  # noqa: E402
 from user_plugin.paper import LENPEN  # noqa: E402

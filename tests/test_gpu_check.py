@@ -103,7 +103,9 @@ def test_speed_runs_stock_without_the_plugin_and_counts_flops_by_the_formula(dry
     section = dry_run["report"]["sections"]["speed"]
     stats = section["data"]
     runs = section["runs"]
-    assert set(runs) == {"speed-tiny-stock-fp32", "speed-tiny-ours-fp32", "speed-tiny-ours-bf16"}
+    assert set(runs) == {"speed-tiny-stock-fp32", "speed-tiny-ours-fp32", "speed-tiny-ours-bf16",
+                         "speed-tiny-ours-fp32-vaswani_adam", "speed-tiny-ours-bf16-vaswani_adam"}
+    assert {runs[name]["optimizer"] for name in runs} == {"adam", "vaswani_adam"}
     log = dry_run["out"] / "logs.tar.gz"
     with tarfile.open(log) as archive:
         stock = archive.extractfile("logs/speed-tiny-stock-fp32.log").read().decode()
@@ -124,6 +126,12 @@ def test_speed_runs_stock_without_the_plugin_and_counts_flops_by_the_formula(dry
     assert section["ratio_tiny_ours_fp32_over_stock_fp32"] == pytest.approx(
         runs["speed-tiny-ours-fp32"]["target_tokens_per_s"]
         / runs["speed-tiny-stock-fp32"]["target_tokens_per_s"])
+    assert section["ratio_tiny_ours_bf16_vaswani_adam_over_stock_fp32"] == pytest.approx(
+        runs["speed-tiny-ours-bf16-vaswani_adam"]["target_tokens_per_s"]
+        / runs["speed-tiny-stock-fp32"]["target_tokens_per_s"])
+    with tarfile.open(log) as archive:
+        multi_tensor = archive.extractfile("logs/speed-tiny-ours-bf16-vaswani_adam.log")
+        assert "--optimizer vaswani_adam" in multi_tensor.read().decode().splitlines()[0]
 
 
 def test_profile_tables_name_the_training_step(dry_run):

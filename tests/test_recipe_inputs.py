@@ -90,6 +90,29 @@ def test_a_deleted_marker_redoes_the_training_from_scratch(raw_dir, binarized, t
     assert (checkpoints / ".done").is_file() and not (checkpoints / ".started").exists()
 
 
+def test_the_plugins_optimizer_is_chosen_by_OPTIMIZER_and_a_changed_choice_is_a_new_run(
+        raw_dir, binarized, tmp_path):
+    run_dir = tmp_path / "base"
+    env = chain_env(raw_dir, binarized, RUN_DIR=run_dir, OPTIMIZER="vaswani_adam")
+    run_script(step_script("train"), env, "wmt14_en_de")
+    last = run_dir / "checkpoints" / "checkpoint_last.pt"
+    state = torch.load(last, map_location="cpu", weights_only=False)
+    assert state["last_optimizer_state"]["param_groups"][0]["betas"] == (0.9, 0.98)
+    assert state["optimizer_history"][-1]["optimizer_name"] == "MultiTensorAdam"
+    again = run_script(step_script("train"), env, "wmt14_en_de")
+    assert "already done" in again.stderr  # a rerun of the finished run changes nothing
+    # fairseq's adam is another run: the recipe starts over instead of resuming the moments
+    # of another optimizer (which fairseq would refuse)
+    switched = run_script(step_script("train"), {**env, "OPTIMIZER": "adam"}, "wmt14_en_de")
+    assert "Loaded checkpoint" not in switched.stdout
+    state = torch.load(last, map_location="cpu", weights_only=False)
+    assert state["optimizer_history"][-1]["optimizer_name"] == "FairseqAdam"
+    bad = run_script(step_script("train"), {**env, "OPTIMIZER": "sgd"}, "wmt14_en_de",
+                     check=False)
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+    assert "OPTIMIZER must be adam" in bad.stderr.strip().splitlines()[-1]
+
+
 def test_a_half_finished_training_notices_that_its_data_was_redone(raw_dir, binarized,
                                                                      tmp_path):
     work = tmp_path / "wmt14_en_de"

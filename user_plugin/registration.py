@@ -3,6 +3,7 @@
 * model ``vaswani_transformer`` and its architectures (``models/``, §3, Table 3);
 * criterion ``vaswani_label_smoothed_cross_entropy`` (``criterions/``, §5.4);
 * LR scheduler ``vaswani_inverse_sqrt`` (``lr_schedulers/``, §5.3);
+* optimizer ``vaswani_adam``, Adam as multi-tensor operations (``optimizers/``, §5.3);
 * task ``vaswani_translation`` with the paper's beam search settings (``tasks/``, §6.1);
 * the types of fairseq checkpoints, allow-listed for torch's safe loading (``safe_loading``);
 * the plugin's patches of fairseq, from one table (``fairseq_patches``; ``python -m
@@ -30,4 +31,5 @@ except fairseq_patches.PatchSwitchError as error:  # a misspelt switch: one line
 from . import criterions, lr_schedulers, models  # noqa: E402,F401,I001
 from .criterions import label_smoothed_cross_entropy  # noqa: E402,F401
 from .lr_schedulers import inverse_sqrt_warmup  # noqa: E402,F401
+from .optimizers import multi_tensor_adam  # noqa: E402,F401
 from .tasks import vaswani_translation  # noqa: E402,F401

@@ -8,28 +8,12 @@
 # Environment: SRC_VOCAB [16000], WORKERS [nproc], WORK_DIR (see settings.sh).
 set -euo pipefail
 STEP_NAME=binarize
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=../common.sh
-source "$here/../common.sh"
-activate_venv
 # shellcheck source=settings.sh
-source "$here/settings.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/settings.sh"
 SRC_VOCAB=${SRC_VOCAB:-16000}
 WORKERS=${WORKERS:-$(num_cpus)}
 require_int SRC_VOCAB
 require_int WORKERS
 
-config="v1 src_vocab=$SRC_VOCAB"
-if step_is_done "$BIN_DIR" "$config" "$PREP_DIR"; then
-  log "already done ($BIN_DIR/.done); skipping"
-  exit 0
-fi
-require_step "$PREP_DIR" prepare
-log "binarizing $PREP_DIR into $BIN_DIR (source vocabulary: the $SRC_VOCAB most frequent words)"
-step_restart "$BIN_DIR"
-run fairseq-preprocess --source-lang "$SRC" --target-lang "$TGT" \
-  --trainpref "$PREP_DIR/train" --validpref "$PREP_DIR/valid" --testpref "$PREP_DIR/test" \
-  --destdir "$BIN_DIR" --nwordssrc "$SRC_VOCAB" --workers "$WORKERS"
-mapfile -t outputs < <(preprocess_outputs "$SRC" "$TGT")
-log "dictionaries: $(wc -l < "$BIN_DIR/dict.$SRC.txt") source and $(wc -l < "$BIN_DIR/dict.$TGT.txt") target types (+4 special symbols)"
-step_mark_done "$BIN_DIR" "$config" "$PREP_DIR" -- "${outputs[@]}"
+# the source vocabulary: the SRC_VOCAB most frequent training words
+binarize_prepared "v1 src_vocab=$SRC_VOCAB" "$SRC" "$TGT" --nwordssrc "$SRC_VOCAB"

@@ -15,12 +15,8 @@
 # GEN_SUBSET and WORK_DIR (settings.sh).
 set -euo pipefail
 STEP_NAME=generate
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=../common.sh
-source "$here/../common.sh"
-activate_venv
 # shellcheck source=settings.sh
-source "$here/settings.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/settings.sh"
 detect_device
 CHECKPOINT=${CHECKPOINT:-$CKPT_DIR/checkpoint_best.pt}
 BEAM=${BEAM:-$PAPER_PARSING_BEAM}
@@ -37,10 +33,7 @@ config="v1 subset=$GEN_SUBSET checkpoint=$CHECKPOINT beam=$BEAM lenpen=$LENPEN"
 config+=" max_len_over_source=$MAX_LEN_OVER_SOURCE stop_rule=$STOP_RULE args=$GEN_ARGS"
 upstream=("$PREP_DIR" "$BIN_DIR")
 [ "$CHECKPOINT" = "$CKPT_DIR/checkpoint_best.pt" ] && upstream+=("$CKPT_DIR")
-if step_is_done "$GEN_DIR" "$config" "${upstream[@]}"; then
-  log "already done ($GEN_DIR/.done); skipping"
-  exit 0
-fi
+skip_step_if_done "$GEN_DIR" "$config" "${upstream[@]}"
 require_step "$BIN_DIR" binarize
 [ "$CHECKPOINT" = "$CKPT_DIR/checkpoint_best.pt" ] && require_step "$CKPT_DIR" train
 [ -f "$CHECKPOINT" ] || die "checkpoint $CHECKPOINT not found"

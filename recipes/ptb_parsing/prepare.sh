@@ -14,12 +14,8 @@
 #   WORK_DIR  see settings.sh
 set -euo pipefail
 STEP_NAME=prepare
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=../common.sh
-source "$here/../common.sh"
-activate_venv
 # shellcheck source=settings.sh
-source "$here/settings.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/settings.sh"
 POS_TAGS=${POS_TAGS:-keep}
 case "$POS_TAGS" in
   xx|keep) ;;
@@ -30,10 +26,7 @@ esac
 PTB_DIR=$(cd "$PTB_DIR" && pwd)
 
 config="v1 ptb=$PTB_DIR pos_tags=$POS_TAGS"
-if step_is_done "$PREP_DIR" "$config"; then
-  log "already done ($PREP_DIR/.done); skipping"
-  exit 0
-fi
+skip_step_if_done "$PREP_DIR" "$config"
 log "reading and normalizing the treebank in $PTB_DIR (POS tags: $POS_TAGS)"
 step_restart "$PREP_DIR"
 run "$PREPARE_TREES" prepare --ptb-dir "$PTB_DIR" --out-dir "$PREP_DIR" \

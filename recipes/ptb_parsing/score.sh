@@ -11,12 +11,8 @@
 # Environment: GEN_SUBSET and WORK_DIR (settings.sh).
 set -euo pipefail
 STEP_NAME=score
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=../common.sh
-source "$here/../common.sh"
-activate_venv
 # shellcheck source=settings.sh
-source "$here/settings.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/settings.sh"
 
 report() {
   sed -n '/^=== Summary ===/,$p' "$SCORE_DIR/evalb.txt"

@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # Settings shared by the steps of the Penn Treebank parsing recipe (paper §6.3, Table 4), sourced
-# after recipes/common.sh and activate_venv. Every value can be given in the environment.
+# by each step: it loads recipes/common.sh and the virtual environment first. Every value can be
+# given in the environment.
 #
 #   WORK_DIR     [work_dirs/ptb_parsing]  everything the recipe writes
 #   GEN_SUBSET   [test]                   split to parse and score: test (section 23) or
@@ -8,6 +9,10 @@
 #
 # Step directories: prepared/, data-bin/, checkpoints/, generate/<subset>/, score/<subset>/.
 # The paper's decoding settings come from user_plugin/paper.py (PAPER_PARSING_*).
+
+# shellcheck source=../common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
+activate_venv
 
 WORK_DIR=${WORK_DIR:-$REPO_DIR/work_dirs/ptb_parsing}
 mkdir -p "$WORK_DIR"

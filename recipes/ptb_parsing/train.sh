@@ -14,12 +14,8 @@
 # LOG_INTERVAL [100], EXTRA_ARGS [none; more fairseq-train options], WORK_DIR (settings.sh).
 set -euo pipefail
 STEP_NAME=train
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=../common.sh
-source "$here/../common.sh"
-activate_venv
 # shellcheck source=settings.sh
-source "$here/settings.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/settings.sh"
 detect_device
 ARCH=${ARCH:-vaswani_parsing_wsj}
 DROPOUT=${DROPOUT:-0.1}
@@ -51,10 +47,7 @@ config="v1 arch=$ARCH dropout=$DROPOUT lr_scale=$LR_SCALE warmup=$WARMUP_UPDATES
 config+=" ls=$LABEL_SMOOTHING max_update=$MAX_UPDATE max_tokens=$MAX_TOKENS"
 config+=" update_freq=$UPDATE_FREQ device=$DEVICE gpus=$NUM_GPUS precision=$PRECISION"
 config+=" seed=$SEED extra=$EXTRA_ARGS"
-if step_is_done "$CKPT_DIR" "$config" "$BIN_DIR"; then
-  log "already done ($CKPT_DIR/.done); skipping"
-  exit 0
-fi
+skip_step_if_done "$CKPT_DIR" "$config" "$BIN_DIR"
 require_step "$BIN_DIR" binarize
 begin_training "$CKPT_DIR" "$config" "$BIN_DIR"
 log "training $ARCH on $DEVICE ($PRECISION): $MAX_UPDATE updates of up to $(( MAX_TOKENS * workers * UPDATE_FREQ )) tokens, dropout $DROPOUT, lr x $LR_SCALE"

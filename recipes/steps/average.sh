@@ -18,10 +18,7 @@ AVERAGE_COMMAND=${AVERAGE_COMMAND:-vaswani-average}
 [ "$AVERAGE_LAST" -gt 0 ] || die "AVERAGE_LAST must be positive"
 
 config="v1 last=$AVERAGE_LAST"
-if step_is_done "$AVG_DIR" "$config" "$CKPT_DIR"; then
-  log "already done ($AVG_DIR/.done); skipping"
-  exit 0
-fi
+skip_step_if_done "$AVG_DIR" "$config" "$CKPT_DIR"
 require_step "$CKPT_DIR" train
 command -v "$AVERAGE_COMMAND" >/dev/null || die "$AVERAGE_COMMAND: no such command"
 available=$(cd "$CKPT_DIR" && ls checkpoint_[0-9]*_[0-9]*.pt 2>/dev/null | wc -l)

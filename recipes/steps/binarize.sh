@@ -16,17 +16,4 @@ require_int WORKERS
 S=$SRC_LANG
 T=$TGT_LANG
 
-config="v1 $S-$T joined-dictionary"
-if step_is_done "$BIN_DIR" "$config" "$PREP_DIR"; then
-  log "already done ($BIN_DIR/.done); skipping"
-  exit 0
-fi
-require_step "$PREP_DIR" prepare
-log "binarizing $PREP_DIR into $BIN_DIR (joined dictionary, $WORKERS workers)"
-step_restart "$BIN_DIR"
-run fairseq-preprocess --source-lang "$S" --target-lang "$T" \
-  --trainpref "$PREP_DIR/train" --validpref "$PREP_DIR/valid" --testpref "$PREP_DIR/test" \
-  --destdir "$BIN_DIR" --joined-dictionary --workers "$WORKERS"
-mapfile -t outputs < <(preprocess_outputs "$S" "$T")
-log "dictionary: $(wc -l < "$BIN_DIR/dict.$S.txt") types (+4 special symbols)"
-step_mark_done "$BIN_DIR" "$config" "$PREP_DIR" -- "${outputs[@]}"
+binarize_prepared "v1 $S-$T joined-dictionary" "$S" "$T" --joined-dictionary

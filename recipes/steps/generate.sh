@@ -33,10 +33,7 @@ config="v1 task=$TASK beam=$BEAM lenpen=$LENPEN max_len=$MAX_LEN_A,$MAX_LEN_B"
 config+=" checkpoint=$CHECKPOINT args=$GEN_ARGS"
 upstream=("$BIN_DIR" "$PREP_DIR")
 [ "$CHECKPOINT" = "$AVG_DIR/checkpoint_avg.pt" ] && upstream+=("$AVG_DIR")
-if step_is_done "$GEN_DIR" "$config" "${upstream[@]}"; then
-  log "already done ($GEN_DIR/.done); skipping"
-  exit 0
-fi
+skip_step_if_done "$GEN_DIR" "$config" "${upstream[@]}"
 require_step "$BIN_DIR" binarize
 if [ "$CHECKPOINT" = "$AVG_DIR/checkpoint_avg.pt" ]; then
   require_step "$AVG_DIR" average

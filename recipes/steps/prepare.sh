@@ -66,10 +66,7 @@ if [ -n "$RAW_DIR" ]; then
     done
   done
 fi
-if step_is_done "$PREP_DIR" "$config" "${raw_inputs[@]}"; then
-  log "already done ($PREP_DIR/.done); skipping"
-  exit 0
-fi
+skip_step_if_done "$PREP_DIR" "$config" "${raw_inputs[@]}"
 
 log "preparing $S-$T text in $PREP_DIR ($subword_config, workers $WORKERS)"
 step_restart "$PREP_DIR"

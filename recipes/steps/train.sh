@@ -30,7 +30,8 @@
 # SAVE_INTERVAL_UPDATES [paper: 1500 | 600, every 10 minutes], AVERAGE_LAST [paper: 5 | 20:
 # the interval checkpoints kept for the average step; 0: the run is not averaged, only the
 # newest is kept and none is required],
-# SEED [1], LOG_INTERVAL [100], TRAIN_TASK [translation], TENSORBOARD_DIR
+# SEED [1], OPTIMIZER [adam: fairseq's; vaswani_adam: the same update as one fused operation,
+# user_plugin/optimizers], LOG_INTERVAL [100], TRAIN_TASK [translation], TENSORBOARD_DIR
 # [$RUN_DIR/checkpoints/tensorboard; none: no TensorBoard logs], CURVES_PNG
 # [$RUN_DIR/checkpoints/training_curves.png, drawn when training ends], EXTRA_ARGS [none; more
 # fairseq-train options, last so they win, e.g. a tiny model].
@@ -64,6 +65,11 @@ LABEL_SMOOTHING=${LABEL_SMOOTHING:-$PAPER_LABEL_SMOOTHING}
 MAX_TOKENS=${MAX_TOKENS:-4096}
 TOKENS_PER_STEP=${TOKENS_PER_STEP:-$PAPER_TOKENS_PER_STEP}
 SEED=${SEED:-1}
+OPTIMIZER=${OPTIMIZER:-adam}
+case "$OPTIMIZER" in
+  adam|vaswani_adam) ;;
+  *) die "OPTIMIZER must be adam (fairseq's) or vaswani_adam (the plugin's), got '$OPTIMIZER'" ;;
+esac
 LOG_INTERVAL=${LOG_INTERVAL:-100}
 TRAIN_TASK=${TRAIN_TASK:-translation}
 EXTRA_ARGS=${EXTRA_ARGS:-}
@@ -210,7 +216,7 @@ train_args() {
   TRAIN_ARGS=(
     "$BIN_DIR" --user-dir "$PLUGIN_DIR" --task "$TRAIN_TASK" --source-lang "$S" --target-lang "$T"
     --arch "$ARCH" --share-all-embeddings
-    --optimizer adam --adam-betas "$PAPER_ADAM_BETAS" --adam-eps "$PAPER_ADAM_EPS"
+    --optimizer "$OPTIMIZER" --adam-betas "$PAPER_ADAM_BETAS" --adam-eps "$PAPER_ADAM_EPS"
     --lr 1 --lr-scheduler vaswani_inverse_sqrt --warmup-updates "$WARMUP_UPDATES"
     --criterion vaswani_label_smoothed_cross_entropy --label-smoothing "$LABEL_SMOOTHING"
     --max-update "$MAX_UPDATE" --seed "$SEED"
@@ -252,6 +258,9 @@ run_identity() {
   CONFIG+=" task=$TRAIN_TASK extra=$EXTRA_ARGS"
   if [ "$NNODES" -gt 1 ]; then
     CONFIG+=" nodes=$NNODES"
+  fi
+  if [ "$OPTIMIZER" != adam ]; then
+    CONFIG+=" optimizer=$OPTIMIZER"
   fi
   if [ "$BATCH_TOKENS" != "$MAX_TOKENS" ]; then
     CONFIG+=" batch_tokens=$BATCH_TOKENS"

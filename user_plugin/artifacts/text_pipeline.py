@@ -29,6 +29,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -46,6 +47,9 @@ RECORD_NAME = "text_pipeline.json"
 FORMAT = "vaswani-text-pipeline/1"
 #: The subword methods.
 SUBWORD_METHODS = ("bpe", "sentencepiece", "none")
+#: The file name an export gives the subword model of each method (the hub looks for these
+#: first in a model directory).
+SHIPPED_MODEL_NAMES = {"bpe": "bpecodes", "sentencepiece": "sentencepiece.bpe.model"}
 
 
 def read_bpe_codes(path: Path):
@@ -157,6 +161,18 @@ class TextPipeline:
     def named_model(self, name: str) -> TextPipeline:
         """This pipeline with its subword model file called ``name`` (an export renames it)."""
         return replace(self, subword_model=name, model_path=self.model_path)
+
+    def ship(self, directory: Path) -> str | None:
+        """Copy the subword model into ``directory`` under :data:`SHIPPED_MODEL_NAMES` and write
+        the record naming it (:data:`RECORD_NAME`), as every export does; returns the model's
+        name there (None without a subword model)."""
+        if self.subword == "none":
+            self.write(directory / RECORD_NAME)
+            return None
+        name = SHIPPED_MODEL_NAMES[self.subword]
+        shutil.copyfile(self.model_path, directory / name)
+        self.named_model(name).write(directory / RECORD_NAME)
+        return name
 
     @classmethod
     def from_record(cls, record: Any, where: str = "text pipeline record") -> TextPipeline:

@@ -19,21 +19,16 @@ models, ``FSMTTokenizer`` for BPE models; docs/export.md measures how often its 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from ..files.errors import file_error
-from .digests import sha256_of
-from .errors import ArtifactError
+from . import manifest
+from .errors import ArtifactError, read_json
 from .text_pipeline import TextPipeline
 
-#: The manifest of a transformers export.
-MANIFEST = "vaswani_export.json"
-#: Its format name.
+#: The format name of a transformers export's manifest.
 FORMAT = "vaswani-transformers/1"
 #: Our token -> id maps (JSON objects).
 SOURCE_VOCAB = "vaswani_source_vocab.json"
@@ -68,46 +63,10 @@ def require_transformers():
     return transformers
 
 
-def read_json(path: Path) -> Any:
-    """A JSON file; a one-line error naming it when it cannot be read."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as error:
-        raise file_error(path, error) from None
-    except json.JSONDecodeError as error:
-        raise ArtifactError(f"{path}: not JSON ({error.msg} at line {error.lineno})") from None
-
-
-def file_records(directory: Path) -> dict[str, dict[str, Any]]:
-    """``name -> {"bytes", "sha256"}`` of every file in ``directory`` but the manifest."""
-    return {path.name: {"bytes": path.stat().st_size, "sha256": sha256_of(path)}
-            for path in sorted(directory.iterdir())
-            if path.is_file() and path.name != MANIFEST}
-
-
 def check_transformers_export(directory: str | os.PathLike) -> dict:
     """The manifest of a transformers export, after checking every file it lists by size and
-    sha256; a one-line error naming the first file that differs."""
-    directory = Path(directory)
-    path = directory / MANIFEST
-    if not path.is_file():
-        raise ArtifactError(f"{directory}: not a transformers export of vaswani (no {MANIFEST}; "
-                            "export one with python -m user_plugin.export ... --to "
-                            "transformers)")
-    manifest = read_json(path)
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ArtifactError(f"{path}: not a manifest of format {FORMAT}")
-    files = manifest.get("files")
-    if not isinstance(files, dict) or not files:
-        raise ArtifactError(f"{path}: lists no files")
-    for name, record in files.items():
-        item = directory / name
-        if not item.is_file():
-            raise ArtifactError(f"{item}: missing from the export (listed in {MANIFEST})")
-        if not isinstance(record, dict) or sha256_of(item) != record.get("sha256"):
-            raise ArtifactError(f"{item}: content differs from the export (sha256): the "
-                                "directory is corrupt or mixed with another export")
-    return manifest
+    sha256 and that nothing else is there; a one-line error names the first file that differs."""
+    return manifest.check_export(directory, FORMAT, "transformers")
 
 
 class ExportTokenizer:
@@ -118,8 +77,8 @@ class ExportTokenizer:
         directory = Path(directory)
         check_transformers_export(directory)
         self.pipeline = TextPipeline.load(directory)
-        self.source_vocab: dict[str, int] = read_json(directory / SOURCE_VOCAB)
-        target_vocab: dict[str, int] = read_json(directory / TARGET_VOCAB)
+        self.source_vocab: dict[str, int] = read_json(directory / SOURCE_VOCAB, "vocabulary")
+        target_vocab: dict[str, int] = read_json(directory / TARGET_VOCAB, "vocabulary")
         self.target_symbols = {index: token for token, index in target_vocab.items()}
 
     def source_ids(self, sentence: str) -> list[int]:

@@ -40,9 +40,9 @@ logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(me
 from user_plugin.files import (  # noqa: E402
     UserError,
     atomic_write_text,
+    console_script,
     read_checkpoint,
     read_lines,
-    run_main,
 )
 
 PARAMS_PATTERN = re.compile(r"num\. (?:shared )?model params: ([\d,]+)")
@@ -310,9 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 PROG = "vaswani-ablation-table"
 
 
-def cli_main() -> int:
-    """The console script: :func:`main`, bad input as one error line and status 1."""
-    return run_main(main, None, PROG)
+cli_main = console_script(main, PROG)
 
 
 if __name__ == "__main__":

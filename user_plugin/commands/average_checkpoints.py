@@ -49,9 +49,9 @@ import torch  # noqa: E402
 from user_plugin.files import (  # noqa: E402
     LOAD_ERRORS,
     UserError,
+    console_script,
     read_checkpoint,
     refuse_input_clash,
-    run_main,
     same_file,
     save_checkpoint,
 )
@@ -315,9 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 PROG = "vaswani-average"
 
 
-def cli_main() -> int:
-    """The console script: :func:`main`, bad input as one error line and status 1."""
-    return run_main(main, None, PROG)
+cli_main = console_script(main, PROG)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(me
 
 from nltk import Tree  # noqa: E402
 
-from user_plugin.files import UserError, atomic_write_text, read_lines, run_main  # noqa: E402
+from user_plugin.files import UserError, atomic_write_text, console_script, read_lines  # noqa: E402
 from user_plugin.parsing.evalb import (  # noqa: E402
     COLLINS,
     ERROR,
@@ -134,9 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 PROG = "vaswani-parse-eval"
 
 
-def cli_main() -> int:
-    """The console script: :func:`main`, bad input as one error line and status 1."""
-    return run_main(main, None, PROG)
+cli_main = console_script(main, PROG)
 
 
 if __name__ == "__main__":

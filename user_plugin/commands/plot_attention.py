@@ -40,7 +40,7 @@ from pathlib import Path
 # Logging set up before fairseq is imported (see user_plugin.files).
 logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
 
-from user_plugin.files import UserError, atomic_write, run_main  # noqa: E402
+from user_plugin.files import UserError, atomic_write, console_script  # noqa: E402
 
 KINDS = ("encoder_self", "decoder_self", "encoder_decoder")
 
@@ -249,9 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 PROG = "vaswani-plot-attention"
 
 
-def cli_main() -> int:
-    """The console script: :func:`main`, bad input as one error line and status 1."""
-    return run_main(main, None, PROG)
+cli_main = console_script(main, PROG)
 
 
 if __name__ == "__main__":

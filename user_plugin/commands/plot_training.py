@@ -25,7 +25,7 @@ from pathlib import Path
 
 logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
 
-from user_plugin.files import UserError, atomic_write, run_main  # noqa: E402
+from user_plugin.files import UserError, atomic_write, console_script  # noqa: E402
 from user_plugin.training_log import TrainingLog, read_training_log  # noqa: E402
 
 #: (panel, statistic, title, log scale) of each panel; the loss panel has two series per run.
@@ -178,9 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 PROG = "vaswani-plot-training"
 
 
-def cli_main() -> int:
-    """The console script: :func:`main`, bad input as one error line and status 1."""
-    return run_main(main, None, PROG)
+cli_main = console_script(main, PROG)
 
 
 if __name__ == "__main__":

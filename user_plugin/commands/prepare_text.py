@@ -49,12 +49,12 @@ from user_plugin.artifacts.text_pipeline import TextPipeline  # noqa: E402
 from user_plugin.files import (  # noqa: E402
     UserError,
     atomic_write,
+    console_script,
     file_error,
     first_line,
     int_at_least,
     iter_lines,
     make_temp_dir,
-    run_main,
     single_line,
 )
 
@@ -511,9 +511,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 PROG = "vaswani-prepare-text"
 
 
-def cli_main() -> int:
-    """The console script: :func:`main`, bad input as one error line and status 1."""
-    return run_main(main, None, PROG)
+cli_main = console_script(main, PROG)
 
 
 if __name__ == "__main__":

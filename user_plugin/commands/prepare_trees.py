@@ -34,9 +34,9 @@ logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(me
 from user_plugin.files import (  # noqa: E402
     UserError,
     atomic_write_text,
+    console_script,
     int_at_least,
     read_lines,
-    run_main,
 )
 from user_plugin.parsing.linearize import REPAIR_KINDS, delinearize, linearize  # noqa: E402
 from user_plugin.parsing.splits import find_split_files  # noqa: E402
@@ -226,9 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 PROG = "vaswani-prepare-trees"
 
 
-def cli_main() -> int:
-    """The console script: :func:`main`, bad input as one error line and status 1."""
-    return run_main(main, None, PROG)
+cli_main = console_script(main, PROG)
 
 
 if __name__ == "__main__":

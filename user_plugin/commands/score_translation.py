@@ -39,9 +39,9 @@ logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(me
 from user_plugin.files import (  # noqa: E402
     UserError,
     atomic_write_text,
+    console_script,
     iter_lines,
     refuse_input_clash,
-    run_main,
 )
 from user_plugin.files.text import BYTE_ORDER_MARK  # noqa: E402
 
@@ -216,9 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 PROG = "vaswani-score"
 
 
-def cli_main() -> int:
-    """The console script: :func:`main`, bad input as one error line and status 1."""
-    return run_main(main, None, PROG)
+cli_main = console_script(main, PROG)
 
 
 if __name__ == "__main__":

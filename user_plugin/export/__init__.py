@@ -6,7 +6,8 @@ writes a checkpoint of fairseq's own ``transformer`` (:mod:`.fairseq_checkpoint`
 [--quantization int8]`` writes a CTranslate2 model directory that the hub's ``ctranslate2``
 backend translates raw text with (:mod:`.ctranslate2_model`); ``--to transformers --output DIR``
 writes a directory that transformers' ``from_pretrained`` loads (:mod:`.transformers_model`).
-Every export carries the model's text pipeline record. The files these write and read are
+Every export carries the model's text pipeline record, and the directory exports are written
+whole by :mod:`.export_directory` (staged, described by a manifest, checked, moved into place). The files these write and read are
 described in :mod:`user_plugin.artifacts`, which the hub uses too. The command line is
 :mod:`.cli`; docs/export.md has the details and measurements.
 

@@ -24,9 +24,7 @@ equal our model's), then moved into place.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,20 +33,16 @@ import torch
 from torch import nn
 
 from ..artifacts.ctranslate2_layout import (
-    BPE_CODES_NAME,
     FORMAT,
-    MANIFEST,
-    SENTENCEPIECE_NAME,
     check_export_directory,
     ctranslate2_vocabulary,
-    file_records,
     require_ctranslate2,
 )
 from ..artifacts.errors import ArtifactError as ExportError
-from ..artifacts.text_pipeline import RECORD_NAME
-from ..files.atomic import atomic_write_text, make_temp_dir
-from ..files.errors import UserError, file_error
+from ..artifacts.text_pipeline import SHIPPED_MODEL_NAMES
+from ..files.errors import UserError
 from ..paper import BEAM, LENPEN, MAX_LEN_OVER_SOURCE
+from .export_directory import refuse_foreign_output, write_export
 from .fairseq_checkpoint import load_our_model, probe_batch, to_builtin_transformer
 
 #: Largest difference between our model's and the float32 CTranslate2 model's token
@@ -145,24 +139,6 @@ class ExportedDirectory:
                 f"python -m user_plugin.hub {self.directory} --backend ctranslate2")
 
 
-def replace_directory(new: Path, output: Path) -> None:
-    """Move the complete directory ``new`` to ``output``. An existing ``output`` must be one of
-    our exports (or empty); it is renamed aside first and removed last, so a complete export is
-    always there under one of the two names."""
-    if output.exists():
-        if not output.is_dir():
-            raise UserError(f"{output}: exists and is not a directory")
-        if any(output.iterdir()) and not (output / MANIFEST).is_file():
-            raise UserError(f"{output}: exists and is not a CTranslate2 export of vaswani; "
-                            "remove it or choose another --output")
-        old = make_temp_dir(output)
-        os.replace(output, old / "previous")
-        os.replace(new, output)
-        shutil.rmtree(old)
-    else:
-        os.replace(new, output)
-
-
 def export_ctranslate2(
     checkpoint: str | os.PathLike,
     data_dir: str | os.PathLike,
@@ -187,16 +163,12 @@ def export_ctranslate2(
         raise UserError(f"--quantization {quantization}: this CPU supports "
                         f"{', '.join(supported)}")
     output, data_dir = Path(output), Path(data_dir)
-    if output.exists() and (not output.is_dir() or (
-            any(output.iterdir()) and not (output / MANIFEST).is_file())):
-        raise UserError(f"{output}: exists and is not a CTranslate2 export of vaswani; "
-                        "remove it or choose another --output")
+    refuse_foreign_output(output, "ctranslate2")
     ours, task, _ = load_our_model(checkpoint, data_dir, source_lang, target_lang)
     pipeline = checkpoint_text_pipeline(checkpoint, data_dir, task.cfg.source_lang,
                                         task.cfg.target_lang, bpe_codes, sentencepiece_model,
                                         moses)
-    bpe = pipeline.model_path if pipeline.subword == "bpe" else None
-    spm = pipeline.model_path if pipeline.subword == "sentencepiece" else None
+    shipped_name = SHIPPED_MODEL_NAMES.get(pipeline.subword)
     spec = transformer_spec(to_builtin_transformer(ours, task), task)
     manifest = {
         "format": FORMAT,
@@ -205,41 +177,27 @@ def export_ctranslate2(
         "target_lang": task.cfg.target_lang,
         "quantization": quantization,
         "moses": pipeline.moses_tokenize,
-        "bpe_codes": BPE_CODES_NAME if bpe is not None else None,
-        "sentencepiece_model": SENTENCEPIECE_NAME if spm is not None else None,
+        "bpe_codes": shipped_name if pipeline.subword == "bpe" else None,
+        "sentencepiece_model": shipped_name if pipeline.subword == "sentencepiece" else None,
         "max_source_positions": int(ours.cfg.max_source_positions),
         "max_target_positions": int(ours.cfg.max_target_positions),
         "decoding": {"beam": BEAM, "lenpen": LENPEN, "length_penalty_form": "gnmt",
                      "max_len_over_source": MAX_LEN_OVER_SOURCE},
     }
-    staging = make_temp_dir(output)
-    try:
-        model_dir = staging / "model"
+
+    def fill(model_dir: Path) -> None:
         try:
             spec.validate()
             spec.optimize(quantization=quantization)
-            model_dir.mkdir()
             spec.save(str(model_dir))
         except (ValueError, RuntimeError, NotImplementedError) as error:
             raise ExportError(f"CTranslate2 refused the model: {error}") from None
-        if bpe is not None:
-            shutil.copyfile(bpe, model_dir / BPE_CODES_NAME)
-        if spm is not None:
-            shutil.copyfile(spm, model_dir / SENTENCEPIECE_NAME)
-        shipped = pipeline if pipeline.subword == "none" else pipeline.named_model(
-            BPE_CODES_NAME if bpe is not None else SENTENCEPIECE_NAME)
-        shipped.write(model_dir / RECORD_NAME)
+        pipeline.ship(model_dir)
         difference = max_score_difference(ours, task, model_dir)
         manifest["verified_max_logprob_difference"] = difference
         if quantization == "float32" and not difference <= VERIFY_TOLERANCE:
             raise ExportError(f"the CTranslate2 model's log-probabilities differ from ours by "
                               f"{difference:.2e} (more than {VERIFY_TOLERANCE})")
-        manifest["files"] = file_records(model_dir)
-        atomic_write_text(model_dir / MANIFEST, json.dumps(manifest, indent=1) + "\n")
-        check_export_directory(model_dir)
-        replace_directory(model_dir, output)
-    except OSError as error:
-        raise file_error(output, error, writing=True) from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+
+    write_export(output, "ctranslate2", manifest, fill, check_export_directory)
     return ExportedDirectory(output, manifest)

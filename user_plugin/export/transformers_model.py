@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,27 +47,20 @@ import torch
 from torch import nn
 
 from ..artifacts.errors import ArtifactError
-from ..artifacts.text_pipeline import RECORD_NAME, TextPipeline
+from ..artifacts.text_pipeline import TextPipeline
 from ..artifacts.transformers_layout import (
     FORMAT,
-    MANIFEST,
     SOURCE_VOCAB,
     TARGET_VOCAB,
     check_transformers_export,
-    file_records,
     require_transformers,
 )
-from ..files.atomic import atomic_write_text, make_temp_dir
-from ..files.errors import file_error
 from ..paper import BEAM, LENPEN
-from .ctranslate2_model import replace_directory
+from .export_directory import refuse_foreign_output, write_export
 from .fairseq_checkpoint import load_our_model, probe_batch, to_builtin_transformer
 
 #: Largest difference allowed between our and the exported model's log-probabilities.
 VERIFY_TOLERANCE = 1e-4
-#: The subword model's names in the export.
-BPE_CODES_NAME = "bpecodes"
-SENTENCEPIECE_NAME = "sentencepiece.bpe.model"
 
 
 def transformers_refusal(theirs: nn.Module) -> str | None:
@@ -379,10 +371,7 @@ def export_transformers(
 
     require_transformers()
     output, data_dir = Path(output), Path(data_dir)
-    if output.exists() and (not output.is_dir() or (
-            any(output.iterdir()) and not (output / MANIFEST).is_file())):
-        raise ArtifactError(f"{output}: exists and is not a transformers export of vaswani; "
-                            "remove it or choose another --output")
+    refuse_foreign_output(output, "transformers")
     ours, task, _ = load_our_model(checkpoint, data_dir, source_lang, target_lang)
     theirs = to_builtin_transformer(ours, task)
     reason = transformers_refusal(theirs)
@@ -407,16 +396,10 @@ def export_transformers(
         "decoding": {"num_beams": BEAM, "paper_lenpen": LENPEN,
                      "note": "transformers has no GNMT penalty and no source + 50 limit"},
     }
-    staging = make_temp_dir(output)
-    try:
-        directory = staging / "model"
+
+    def fill(directory: Path) -> None:
         model.save_pretrained(str(directory))
-        if pipeline.subword != "none":
-            name = BPE_CODES_NAME if pipeline.subword == "bpe" else SENTENCEPIECE_NAME
-            shutil.copyfile(pipeline.model_path, directory / name)
-            pipeline.named_model(name).write(directory / RECORD_NAME)
-        else:
-            pipeline.write(directory / RECORD_NAME)
+        pipeline.ship(directory)
         for name, dictionary in ((SOURCE_VOCAB, task.source_dictionary),
                                  (TARGET_VOCAB, task.target_dictionary)):
             (directory / name).write_text(json.dumps(vocabulary(dictionary),
@@ -431,12 +414,6 @@ def export_transformers(
             raise ArtifactError(f"after from_pretrained, the log-probabilities differ from "
                                 f"ours by {difference:.2e} (more than {VERIFY_TOLERANCE})")
         manifest["verified_max_logprob_difference"] = difference
-        manifest["files"] = file_records(directory)
-        atomic_write_text(directory / MANIFEST, json.dumps(manifest, indent=1) + "\n")
-        check_transformers_export(directory)
-        replace_directory(directory, output)
-    except OSError as error:
-        raise file_error(output, error, writing=True) from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+
+    write_export(output, "transformers", manifest, fill, check_transformers_export)
     return TransformersExport(output, manifest)

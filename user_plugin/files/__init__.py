@@ -1,7 +1,8 @@
 """The project's file chores, in one place for the plugin and every script.
 
 * :mod:`.errors`: :class:`UserError` (bad input or files, reported as one line),
-  :func:`first_line`, :func:`run_main` (``prog: error: ...`` and exit status 1),
+  :func:`first_line`, :func:`run_main` (``prog: error: ...`` and exit status 1) and
+  :func:`console_script` (an installed command's entry point through it),
   :func:`file_error` (an ``OSError``/``UnicodeDecodeError`` about a path as one line: a full
   disk is ``PATH: cannot write (no space left on device)``) and
   :func:`install_one_line_errors` (the same for commands the project does not own),
@@ -50,6 +51,7 @@ from .checkpoints import (
 )
 from .errors import (
     UserError,
+    console_script,
     file_error,
     first_line,
     int_at_least,
@@ -77,6 +79,7 @@ __all__ = [
     "first_line",
     "install_one_line_errors",
     "iter_lines",
+    "console_script",
     "make_temp_dir",
     "read_checkpoint",
     "read_lines",

@@ -42,6 +42,17 @@ def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | 
         return 1
 
 
+def console_script(main: Callable[[Sequence[str] | None], int], prog: str) -> Callable[[], int]:
+    """The entry point of an installed command: ``main`` on the command line's arguments
+    through :func:`run_main` (bad input as one ``prog: error:`` line and status 1)."""
+
+    def cli_main() -> int:
+        return run_main(main, None, prog)
+
+    cli_main.__doc__ = f"The ``{prog}`` command: bad input as one error line and status 1."
+    return cli_main
+
+
 def _os_reason(error: OSError) -> str:
     """What an ``OSError`` says, without the file name it repeats: ``permission denied``,
     ``no space left on device``..."""

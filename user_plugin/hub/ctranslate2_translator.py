@@ -44,14 +44,12 @@ from pathlib import Path
 from typing import Any
 
 from ..artifacts.ctranslate2_layout import (
-    BPE_CODES_NAME,
     CT2_PAD,
-    SENTENCEPIECE_NAME,
     check_export_directory,
     require_ctranslate2,
 )
 from ..artifacts.model_files import model_text_pipeline
-from ..artifacts.text_pipeline import TextPipeline
+from ..artifacts.text_pipeline import RECORD_NAME, TextPipeline
 from ..files.errors import first_line
 from ..generation.gnmt_sequence_generator import (
     LENGTH_PENALTY_FORMS,
@@ -224,9 +222,9 @@ def open_export(
         if given is not None and given != manifest[side]:
             raise HubError(f"{model_dir}: the export translates {manifest['source_lang']}->"
                            f"{manifest['target_lang']}, not {side} {given!r}")
-    found = (model_dir / BPE_CODES_NAME if manifest.get("bpe_codes") else None,
-             model_dir / SENTENCEPIECE_NAME if manifest.get("sentencepiece_model") else None)
-    if moses is None and not (model_dir / "text_pipeline.json").is_file():
+    found = tuple(model_dir / Path(manifest[key]).name if manifest.get(key) else None
+                  for key in ("bpe_codes", "sentencepiece_model"))
+    if moses is None and not (model_dir / RECORD_NAME).is_file():
         moses = bool(manifest["moses"])
     codec, note = model_text_pipeline(
         [model_dir], manifest["source_lang"], manifest["target_lang"],

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
 from nltk import Tree
@@ -158,27 +158,34 @@ def sentence_spans(gold: Optional[Tree], test: Optional[Tree],
     return gold_spans, spans_of(test, params)
 
 
+def percent(part: int, whole: int) -> float:
+    """``part`` as a percentage of ``whole`` (0 for an empty whole, as EVALB prints it)."""
+    return 100.0 * part / whole if whole else 0.0
+
+
 def _crosses(a: Tuple[str, int, int], b: Tuple[str, int, int]) -> bool:
     return (a[1] < b[1] < a[2] < b[2]) or (b[1] < a[1] < b[2] < a[2])
 
 
+@dataclass
 class BracketFigures:
-    """EVALB's figures from bracket and tag counts (``matched``, ``gold_brackets``,
-    ``test_brackets``, ``correct_tags``, ``words``), for a sentence and for a corpus alike."""
+    """The bracket and tag counts EVALB keeps, for a sentence and for a corpus alike, and the
+    figures computed from them."""
 
-    matched: int
-    gold_brackets: int
-    test_brackets: int
-    correct_tags: int
-    words: int
+    gold_brackets: int = 0
+    test_brackets: int = 0
+    matched: int = 0
+    crossing: int = 0
+    words: int = 0
+    correct_tags: int = 0
 
     @property
     def recall(self) -> float:
-        return 100.0 * self.matched / self.gold_brackets if self.gold_brackets else 0.0
+        return percent(self.matched, self.gold_brackets)
 
     @property
     def precision(self) -> float:
-        return 100.0 * self.matched / self.test_brackets if self.test_brackets else 0.0
+        return percent(self.matched, self.test_brackets)
 
     @property
     def f1(self) -> float:
@@ -186,22 +193,16 @@ class BracketFigures:
 
     @property
     def tagging_accuracy(self) -> float:
-        return 100.0 * self.correct_tags / self.words if self.words else 0.0
+        return percent(self.correct_tags, self.words)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SentenceScore(BracketFigures):
     """One sentence's figures, as a row of EVALB's table."""
 
     id: int
     length: int
     status: int = OK
-    gold_brackets: int = 0
-    test_brackets: int = 0
-    matched: int = 0
-    crossing: int = 0
-    words: int = 0
-    correct_tags: int = 0
     message: str = ""
 
     @property
@@ -259,15 +260,9 @@ class Totals(BracketFigures):
     sentences: int = 0
     errors: int = 0
     skipped: int = 0
-    gold_brackets: int = 0
-    test_brackets: int = 0
-    matched: int = 0
     complete: int = 0
-    crossing: int = 0
     no_crossing: int = 0
     two_or_less_crossing: int = 0
-    words: int = 0
-    correct_tags: int = 0
 
     def add(self, score: SentenceScore) -> None:
         self.sentences += 1
@@ -277,15 +272,11 @@ class Totals(BracketFigures):
         if score.status == SKIP:
             self.skipped += 1
             return
-        self.gold_brackets += score.gold_brackets
-        self.test_brackets += score.test_brackets
-        self.matched += score.matched
+        for count in fields(BracketFigures):
+            setattr(self, count.name, getattr(self, count.name) + getattr(score, count.name))
         self.complete += int(score.exact)
-        self.crossing += score.crossing
         self.no_crossing += int(score.crossing == 0)
         self.two_or_less_crossing += int(score.crossing <= 2)
-        self.words += score.words
-        self.correct_tags += score.correct_tags
 
     @property
     def valid(self) -> int:
@@ -293,7 +284,7 @@ class Totals(BracketFigures):
 
     @property
     def complete_match(self) -> float:
-        return 100.0 * self.complete / self.valid if self.valid else 0.0
+        return percent(self.complete, self.valid)
 
     @property
     def average_crossing(self) -> float:

@@ -1,0 +1,67 @@
+"""Writing an export directory whole: staged beside the output, described by its manifest
+(:mod:`user_plugin.artifacts.manifest`), checked, then moved into place.
+
+An export is written into a temporary directory next to ``--output`` (same file system), the
+manifest records every file's size and sha256, the directory is checked as a reader would check
+it, and only then replaces the output. An existing output is replaced only when it is one of our
+exports (or empty), so a user's other directory is never overwritten, and a failure at any step
+leaves the previous export as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from ..artifacts.errors import ArtifactError
+from ..artifacts.manifest import MANIFEST, TITLES, file_records
+from ..files.atomic import atomic_write_text, make_temp_dir
+from ..files.errors import file_error
+
+
+def refuse_foreign_output(output: Path, kind: str) -> None:
+    """A one-line error when ``output`` exists and is neither empty nor an export of ours
+    (``kind`` is the value of ``--to``)."""
+    if output.exists() and (not output.is_dir() or (
+            any(output.iterdir()) and not (output / MANIFEST).is_file())):
+        raise ArtifactError(f"{output}: exists and is not a {TITLES.get(kind, kind)} export of "
+                            "vaswani; remove it or choose another --output")
+
+
+def replace_directory(new: Path, output: Path, kind: str) -> None:
+    """Move the complete directory ``new`` to ``output``. An existing ``output`` (checked again,
+    as it may have changed while the export ran) is renamed aside first and removed last, so a
+    complete export is always there under one of the two names."""
+    refuse_foreign_output(output, kind)
+    if output.exists():
+        old = make_temp_dir(output)
+        os.replace(output, old / "previous")
+        os.replace(new, output)
+        shutil.rmtree(old)
+    else:
+        os.replace(new, output)
+
+
+def write_export(output: Path, kind: str, manifest: dict, fill: Callable[[Path], None],
+                 check: Callable[[Path], dict]) -> None:
+    """Write the export ``output``: ``fill(directory)`` writes the files into a new empty
+    directory (and may add to ``manifest``), then the manifest gets every file's record, the
+    directory is checked by ``check`` and moved into place. One-line errors; on any failure
+    nothing is left behind and ``output`` is unchanged."""
+    refuse_foreign_output(output, kind)
+    staging = make_temp_dir(output)
+    try:
+        directory = staging / "model"
+        directory.mkdir()
+        fill(directory)
+        manifest["files"] = file_records(directory)
+        atomic_write_text(directory / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+        check(directory)
+        replace_directory(directory, output, kind)
+    except OSError as error:
+        raise file_error(output, error, writing=True) from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
