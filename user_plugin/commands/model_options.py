@@ -1,8 +1,10 @@
-"""Print the options of the plugin's model, criterion, scheduler and task with help and defaults.
+"""Print the options of the plugin's model, criterion, scheduler, optimizer and task with help and
+defaults.
 
 ``fairseq-train --help`` prints before fairseq adds an architecture's options, so this lists
 what ``--arch vaswani_*``, ``--criterion vaswani_label_smoothed_cross_entropy``,
-``--lr-scheduler vaswani_inverse_sqrt`` and ``--task vaswani_translation`` accept.
+``--lr-scheduler vaswani_inverse_sqrt``, ``--optimizer vaswani_adam`` and ``--task
+vaswani_translation`` accept.
 """
 
 import argparse
@@ -17,6 +19,7 @@ def main() -> None:
     )
     from user_plugin.lr_schedulers.inverse_sqrt_warmup import InverseSqrtWarmupConfig
     from user_plugin.models.transformer_config import VaswaniTransformerConfig
+    from user_plugin.optimizers.multi_tensor_adam import MultiTensorAdamConfig
     from user_plugin.tasks.vaswani_translation import VaswaniTranslationConfig
 
     parser = argparse.ArgumentParser(
@@ -31,6 +34,7 @@ def main() -> None:
          VaswaniTransformerConfig),
         ("criterion vaswani_label_smoothed_cross_entropy", LabelSmoothedCrossEntropyConfig),
         ("lr scheduler vaswani_inverse_sqrt", InverseSqrtWarmupConfig),
+        ("optimizer vaswani_adam", MultiTensorAdamConfig),
         ("task vaswani_translation (plus fairseq's translation options)",
          VaswaniTranslationConfig),
     )

@@ -7,8 +7,9 @@ writes a checkpoint of fairseq's own ``transformer`` (:mod:`.fairseq_checkpoint`
 backend translates raw text with (:mod:`.ctranslate2_model`); ``--to transformers --output DIR``
 writes a directory that transformers' ``from_pretrained`` loads (:mod:`.transformers_model`).
 Every export carries the model's text pipeline record, and the directory exports are written
-whole by :mod:`.export_directory` (staged, described by a manifest, checked, moved into place). The files these write and read are
-described in :mod:`user_plugin.artifacts`, which the hub uses too. The command line is
+whole by :mod:`.export_directory` (staged, described by a manifest, checked, moved into place).
+The files these write and read are described in :mod:`user_plugin.artifacts`, which the hub
+uses too. The command line is
 :mod:`.cli`; docs/export.md has the details and measurements.
 
 Importing this package is cheap; the modules import torch and fairseq.

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
-from fairseq.dataclass import FairseqDataclass
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.optim import FairseqOptimizer, register_optimizer
 from omegaconf import II, OmegaConf
 
@@ -43,7 +43,8 @@ from ..files.errors import UserError
 from ..paper import ADAM_BETAS, ADAM_EPS
 
 OPTIMIZER_NAME = "vaswani_adam"
-IMPLEMENTATIONS = ("foreach", "fused")
+IMPLEMENTATIONS = ("fused", "foreach")
+ADAM_IMPLEMENTATION = ChoiceEnum(IMPLEMENTATIONS)
 
 
 @dataclass
@@ -56,7 +57,7 @@ class MultiTensorAdamConfig(FairseqDataclass):
     weight_decay: float = field(
         default=0.0, metadata={"help": "decoupled weight decay, as fairseq's adam (paper: 0)"}
     )
-    adam_implementation: str = field(
+    adam_implementation: ADAM_IMPLEMENTATION = field(
         default="fused",
         metadata={"help": "PyTorch's multi-tensor form: fused (one operation per update, on "
                           "CUDA and CPU) or foreach (one per step of the formula)"},
