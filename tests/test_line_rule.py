@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from user_plugin.commands import prepare_text, score_translation
@@ -85,6 +85,7 @@ def test_prepare_counts_and_keeps_lines_aligned(noise):
 
 @SETTINGS
 @given(noise=LINES)
+@example(noise=[("\ufeff", "")])  # a byte-order mark at the start of a text stream
 def test_hub_reads_and_encodes_one_sentence_per_line(noise):
     lines = make_lines(noise)
     data = ("\n".join(lines) + "\n").encode("utf-8")

@@ -27,17 +27,18 @@ from collections.abc import Sequence
 from typing import IO
 
 from ..files.errors import UserError, file_error, finite_float, int_at_least
-from ..files.text import decode_lines, split_lines
+from ..files.text import BYTE_ORDER_MARK, decode_lines, split_lines
 from .loader import load_translator
 
 
 def read_input_lines(stream: IO) -> list[str]:
     """The lines of ``stream`` (standard input) by the project's line rule, decoded as UTF-8
-    from its bytes when it has them; a :class:`UserError` when they are not UTF-8."""
+    from its bytes when it has them; a :class:`UserError` when they are not UTF-8. A
+    byte-order mark at the start is dropped, from bytes and from text alike."""
     binary = getattr(stream, "buffer", None)
     if binary is not None:
         return decode_lines(binary.read(), "standard input")
-    return split_lines(stream.read())
+    return split_lines(stream.read().removeprefix(BYTE_ORDER_MARK))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
