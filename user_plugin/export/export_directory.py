@@ -50,8 +50,8 @@ def write_export(output: Path, kind: str, manifest: dict, fill: Callable[[Path],
     """Write the export ``output``: ``fill(directory)`` writes the files into a new empty
     directory (and may add to ``manifest``), then the manifest gets every file's record, the
     directory is checked by ``check`` and moved into place. One-line errors; on any failure
-    nothing is left behind and ``output`` is unchanged."""
-    refuse_foreign_output(output, kind)
+    nothing is left behind and ``output`` is unchanged. (Callers refuse a foreign ``output``
+    before their own work; :func:`replace_directory` checks it again at the end.)"""
     staging = make_temp_dir(output)
     try:
         directory = staging / "model"

@@ -114,9 +114,9 @@ class MultiTensorAdam(FairseqOptimizer):
                         ) -> None:
         """Resume: the update count continues from the saved state's."""
         super().load_state_dict(state_dict, optimizer_overrides)
-        steps = [int(state["step"]) for state in self.optimizer.state.values()
-                 if "step" in state]
-        self._updates = max(steps, default=0)
+        # every tensor has taken the same updates: one read (on a GPU, one synchronisation)
+        state = next((s for s in self.optimizer.state.values() if "step" in s), None)
+        self._updates = 0 if state is None else int(state["step"])
 
     @property
     def optimizer_config(self) -> Dict[str, Any]:
