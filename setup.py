@@ -12,6 +12,8 @@ setup(
     version="0.1.0",
     description="The Transformer of 'Attention Is All You Need' as a fairseq plugin",
     packages=find_packages(include=["user_plugin", "user_plugin.*"]),
+    # the page of vaswani-serve, served as it is
+    package_data={"user_plugin.serving": ["static/*.html", "static/*.js", "static/*.css"]},
     # The tools, as commands on PATH (user_plugin/commands/: one module per command).
     entry_points={
         "console_scripts": [
@@ -27,6 +29,7 @@ setup(
             "vaswani-parse-eval = user_plugin.commands.parse_eval:cli_main",
             "vaswani-export = user_plugin.export.cli:main",
             "vaswani-translate = user_plugin.hub.cli:main",
+            "vaswani-serve = user_plugin.commands.serve:cli_main",
         ],
     },
     python_requires=">=3.8",
@@ -44,12 +47,17 @@ setup(
         # training curves drawn by the recipes (vaswani-plot-training)
         "matplotlib",
         "nltk>=3.8",  # tree reading of the parsing recipe (user_plugin/parsing)
+        # vaswani-serve (user_plugin/serving): the ASGI toolkit and server, both small and
+        # pure Python (Starlette needs anyio; uvicorn needs click and h11)
+        "starlette>=0.37,<2",
+        "uvicorn>=0.30,<1",
     ],
     extras_require={
         # ctranslate2: vaswani-export --to ctranslate2 and the hub's
         # backend="ctranslate2" (CPU int8 decoding); the tests run them.
+        # httpx: Starlette's TestClient and the client of scripts/benchmark_serving.py
         "test": ["pytest", "hypothesis", "matplotlib", "ruff", "ctranslate2==4.8.5",
-                 "transformers>=5,<6"],
+                 "transformers>=5,<6", "httpx"],
         "plot": ["matplotlib"],
         "ctranslate2": ["ctranslate2==4.8.5"],
         # transformers: vaswani-export --to transformers (Marian / FSMT)
