@@ -88,9 +88,10 @@ async function showAttention() {
   say("attention-status", "reading the attention...");
   try {
     attention = await post("/attention", {text: sentence, ...options()});
+    const first = $("layer").options.length === 0;
     fillSelect($("layer"), attention.layers, (i) => `${i + 1} of ${attention.layers}`);
     fillSelect($("head"), attention.heads, (i) => `${i + 1} of ${attention.heads}`);
-    if ($("layer").value === "") $("layer").value = String(attention.layers - 1);
+    if (first) $("layer").value = String(attention.layers - 1);  // the top layer, at first
     draw();
   } catch (error) {
     say("attention-status", error.message, true);

@@ -1,0 +1,517 @@
+"""vaswani-serve (user_plugin/serving, commands/serve.py) on a model trained by the real
+fairseq-train (``trained_multi30k``): the same outputs as vaswani-translate over the Multi30k
+test set on both backends, dynamic batching that gives each client exactly its own answers,
+the limits and their answers, a shutdown that loses no accepted request, and the page in a real
+headless Chromium."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from browser import Chromium
+from cli import REPO, fairseq_env
+from conftest import MULTI30K, require_data
+from serving import request, start_server
+
+from user_plugin.serving.limits import Limits
+
+#: Raw Multi30k test sentences compared with vaswani-translate (of 1000; the tiny model decodes
+#: about as fast as the CI allows).
+SENTENCES = 150
+#: Lines as a text stream may hold them: empty, blank, NUL, CR, U+2028, a byte-order mark inside.
+ODD_LINES = ["", "   ", "A dog\x00 runs on the beach.", "A man\rrides a horse.",
+             "Two women\u2028talk in a park.", "A girl \ufeffplays with a ball."]
+LANGS = ["--source-lang", "en", "--target-lang", "de"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(trained_multi30k, tmp_path_factory):
+    """A hub model directory (as tests/test_hub.py builds it), at a path with a space and a
+    non-ASCII letter."""
+    directory = tmp_path_factory.mktemp("serve") / "modèle servi"
+    directory.mkdir()
+    os.symlink(trained_multi30k.checkpoint_dir / "checkpoint_last.pt", directory / "model.pt")
+    for lang in ("en", "de"):
+        os.symlink(trained_multi30k.data_bin / f"dict.{lang}.txt", directory / f"dict.{lang}.txt")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def raw_lines() -> list[str]:
+    raw = (require_data(MULTI30K) / "test_2016_flickr.en").read_text(encoding="utf-8")
+    return raw.split("\n")[:SENTENCES] + ODD_LINES
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    """One vaswani-serve process for the module (the idle decoder waits 50 ms for a batch)."""
+    process = start_server(model_dir, *LANGS, "--batch-wait-ms", "50")
+    yield process
+    assert process.stop() == 0, "\n".join(process.stderr)
+
+
+def translate_command(model_dir, lines: list[str], *args: str) -> list[str]:
+    """vaswani-translate's output lines for ``lines`` on standard input."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "user_plugin.hub", str(model_dir), *args],
+        input="\n".join(lines).encode("utf-8") + b"\n", capture_output=True, timeout=900,
+        env={**fairseq_env(), "PYTHONPATH": str(REPO)}, check=False)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    return proc.stdout.decode("utf-8").split("\n")[:-1]
+
+
+def served(server, lines: list[str], **options) -> list:
+    """The server's translations of ``lines``, sent in requests of at most 256 sentences."""
+    out = []
+    for start in range(0, len(lines), Limits().max_sentences):
+        answer = server.request("POST", "/translate",
+                                {"text": lines[start:start + 256], **options})
+        assert answer.status == 200, answer.body
+        assert answer.headers["x-model-fingerprint"] == answer.json["model"]
+        out.extend(answer.json["translations"])
+    return out
+
+
+# -- the same outputs as vaswani-translate -------------------------------------------------------
+
+
+def test_same_outputs_as_vaswani_translate(server, model_dir, raw_lines):
+    expected = translate_command(model_dir, raw_lines, *LANGS)
+    assert len(expected) == len(raw_lines)
+    assert served(server, raw_lines) == expected
+    assert sum(bool(line) for line in expected) >= SENTENCES  # real translations, not blanks
+
+    best = translate_command(model_dir, raw_lines[:12], *LANGS, "--nbest", "3", "--beam", "5")
+    lists = served(server, raw_lines[:12], nbest=3, beam=5)
+    assert [text for per_line in lists for text in per_line] == best
+    assert all(len(per_line) == 3 for per_line in lists)
+
+
+@pytest.fixture(scope="module")
+def ct2_export(trained_multi30k, tmp_path_factory):
+    pytest.importorskip("ctranslate2",
+                        reason="ctranslate2 is not installed (the test extra has it)")
+    out = tmp_path_factory.mktemp("serve_ct2") / "ct2 export"
+    proc = subprocess.run(
+        [sys.executable, "-m", "user_plugin.export",
+         str(trained_multi30k.checkpoint_dir / "checkpoint_last.pt"),
+         "--data-dir", str(trained_multi30k.data_bin), "--to", "ctranslate2", "--output", str(out)],
+        env={**fairseq_env(), "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+        timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def test_ctranslate2_backend_same_outputs_as_vaswani_translate(ct2_export, raw_lines):
+    lines = raw_lines[:100] + ODD_LINES
+    expected = translate_command(ct2_export, lines, "--backend", "ctranslate2")
+    process = start_server(ct2_export, "--backend", "ctranslate2", "--threads", "1")
+    try:
+        assert served(process, lines) == expected
+        model = process.request("GET", "/model").json
+        assert model["backend"] == "ctranslate2" and model["attention"] is False
+        refused = process.request("POST", "/attention", {"text": "A dog runs."})
+        assert refused.status == 501 and "--backend fairseq" in refused.json["error"]
+    finally:
+        assert process.stop() == 0, "\n".join(process.stderr)
+
+
+def test_model_fingerprint_is_the_content(server, model_dir):
+    from user_plugin.serving.served_model import ModelSettings, ServedModel
+
+    described = server.request("GET", "/model")
+    model = described.json
+    assert described.headers["x-model-fingerprint"] == model["fingerprint"]
+    assert (model["source_lang"], model["target_lang"], model["backend"]) == ("en", "de",
+                                                                              "fairseq")
+    identity = model["identity"]
+    assert identity["checkpoints"] == [
+        hashlib.sha256((model_dir / "model.pt").read_bytes()).hexdigest()]
+    canonical = json.dumps(identity, sort_keys=True, ensure_ascii=False).encode("utf-8")
+    assert model["fingerprint"] == hashlib.sha256(canonical).hexdigest()
+    # a copy under another name is the same model; another checkpoint is not
+    copy = model_dir.parent / "copy"
+    shutil.copytree(model_dir, copy)
+    settings = ModelSettings(copy, source_lang="en", target_lang="de")
+    assert ServedModel.load(settings).fingerprint == model["fingerprint"]
+    (copy / "model.pt").unlink()
+    earlier = sorted((model_dir / "model.pt").resolve().parent.glob("checkpoint_*_*.pt"))[0]
+    shutil.copy(earlier, copy / "model.pt")
+    assert ServedModel.load(settings).fingerprint != model["fingerprint"]
+
+
+# -- dynamic batching ---------------------------------------------------------------------------
+
+
+def test_concurrent_requests_are_batched_and_each_gets_its_own_answers(server, raw_lines):
+    requests = []
+    for i in range(24):
+        start = (i * 5) % SENTENCES
+        body = {"text": raw_lines[start:start + 1 + i % 4]}
+        if i % 3 == 0:
+            body["nbest"] = 2
+        if i % 5 == 0:
+            body["beam"] = 3
+        requests.append(body)
+    alone = [server.request("POST", "/translate", body).json["translations"]
+             for body in requests]
+    before = server.request("GET", "/health").json
+    answers: list = [None] * len(requests)
+    barrier = threading.Barrier(len(requests))
+
+    def client(index: int) -> None:
+        barrier.wait()
+        answers[index] = server.request("POST", "/translate", requests[index])
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(requests))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    assert all(answer.status == 200 for answer in answers)
+    assert [answer.json["translations"] for answer in answers] == alone
+    after = server.request("GET", "/health").json
+    assert after["requests"] - before["requests"] == len(requests)
+    assert after["batches"] - before["batches"] < len(requests)  # some decoded together
+    assert after["largest_batch"] > 1
+
+
+# -- bad input and limits -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("body, status, says", [
+    (b'{"text": ["A dog \xff runs."]}', 422, "body: not valid UTF-8 text (byte 17)"),
+    (b'{"text": ["A dog runs."]', 422, "body: not JSON"),
+    (b'', 422, "body: not JSON"),
+    (b'["A dog runs."]', 422, "body: expected a JSON object, got a list"),
+    (b'{"sentences": ["A dog runs."]}', 422, "sentences: unknown field"),
+    (b'{"beam": 4}', 422, "text: missing"),
+    (b'{"text": "A dog runs."}', 422, "text: expected a list of strings, got a string"),
+    (b'{"text": ["A dog runs.", 7]}', 422, "text[1]: expected a string, got a number"),
+    (b'{"text": ["\\ud800 A dog runs."]}', 422, "text[0]: not valid Unicode text"),
+    (b'{"text": ["A dog runs."], "beam": "4"}', 422, "beam: expected an integer, got a string"),
+    (b'{"text": ["A dog runs."], "beam": 0}', 422, "beam: must be between 1 and 16, got 0"),
+    (b'{"text": ["A dog runs."], "beam": 17}', 422, "beam: must be between 1 and 16, got 17"),
+    (b'{"text": ["A dog runs."], "beam": 2.5}', 422, "beam: expected an integer"),
+    (b'{"text": ["A dog runs."], "beam": true}', 422, "beam: expected an integer, got a boolean"),
+    (b'{"text": ["A dog runs."], "nbest": 5}', 422, "nbest: must be between 1 and 4, got 5"),
+    (b'{"text": ["A dog runs."], "lenpen": NaN}', 422, "body: not JSON (NaN is not a JSON"),
+    (b'{"text": ["A dog runs."], "lenpen": 1e999}', 422, "lenpen: must be a finite number"),
+    (b'{"text": ["A dog runs."], "lenpen": null}', 422, "lenpen: expected a number, got null"),
+    (json.dumps({"text": ["x"] * 257}).encode(), 413, "text: 257 sentences, more than the 256"),
+    (b'{"text": ["' + b"a" * (1 << 20) + b'"]}', 413, "body: "),
+])
+def test_bad_requests_get_one_line_naming_the_field(server, body, status, says):
+    answer = server.request("POST", "/translate", body)
+    assert answer.status == status, answer.body
+    error = answer.json["error"]
+    assert error.startswith(says) and "\n" not in error
+
+
+def test_utf8_byte_order_mark_nul_and_empty_list(server):
+    plain = server.request("POST", "/translate", {"text": ["A dog runs."]}).json
+    marked = server.request("POST", "/translate", b"\xef\xbb\xbf" + json.dumps(
+        {"text": ["A dog runs."]}).encode())
+    assert marked.status == 200 and marked.json == plain
+    empty = server.request("POST", "/translate", {"text": []})
+    assert empty.status == 200 and empty.json["translations"] == []
+
+
+def test_routes_and_methods(server):
+    assert server.request("GET", "/translate").status == 405
+    assert server.request("GET", "/nowhere").status == 404
+    health = server.request("GET", "/health")
+    assert health.status == 200 and health.json["status"] == "ready"
+    page = server.request("GET", "/")
+    assert page.status == 200 and b"<canvas" in page.body
+    assert server.request("GET", "/static/page.js").status == 200
+
+
+def test_attention_rows_are_distributions(server):
+    answer = server.request("POST", "/attention", {"text": "A dog runs on the beach."})
+    assert answer.status == 200, answer.body
+    result = answer.json
+    assert result["source_tokens"][-1] == "</s>" and result["target_tokens"][-1] == "</s>"
+    assert (result["layers"], result["heads"]) == (2, 4)  # TINY_MODEL_ARGS
+    translation = server.request("POST", "/translate", {"text": ["A dog runs on the beach."]})
+    assert result["translation"] == translation.json["translations"][0]
+    for layer in result["weights"]:
+        for head in layer:
+            assert len(head) == len(result["target_tokens"])
+            for row in head:
+                assert len(row) == len(result["source_tokens"])
+                assert sum(row) == pytest.approx(1.0, abs=1e-3)
+    refused = server.request("POST", "/attention", {"text": "   "})
+    assert refused.status == 422 and refused.json["error"].startswith("text: empty")
+
+
+# -- limits that need a busy or slow decoder: a real model, in-process servers -------------------
+
+
+@pytest.fixture(scope="module")
+def loaded_model(model_dir):
+    from user_plugin.serving.served_model import ModelSettings, ServedModel
+
+    return ServedModel.load(ModelSettings(model_dir, source_lang="en", target_lang="de"))
+
+
+@contextlib.contextmanager
+def in_process_server(model, **limits):
+    """uvicorn serving ``model`` with ``limits`` in a thread of this process."""
+    import uvicorn
+
+    from user_plugin.serving.app import Service, create_app
+    from user_plugin.serving.request_body import DecodingOptions
+    from user_plugin.serving.server import bind
+
+    sock = bind("127.0.0.1", 0)
+    address = sock.getsockname()[:2]
+    service = Service(lambda: model, Limits(**limits), DecodingOptions())
+    server = uvicorn.Server(uvicorn.Config(create_app(service), log_level="warning",
+                                           lifespan="on", http="h11", loop="asyncio"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        for _ in range(600):
+            with contextlib.suppress(OSError):
+                if request(address, "GET", "/health", timeout=5).status == 200:
+                    break
+            time.sleep(0.05)
+        yield address, service
+    finally:
+        server.should_exit = True
+        thread.join(timeout=120)
+
+
+def wait_until(condition, what: str, timeout: float = 120):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_full_queue_answers_503_with_retry_after_at_once(loaded_model):
+    four = {"text": ["A dog runs.", "A cat sleeps.", "Two men talk.", "A girl sings."]}
+    with in_process_server(loaded_model, max_queue=4, max_sentences=4,
+                           batch_wait=2.0) as (address, service):
+        first: dict = {}
+        waiting = threading.Thread(target=lambda: first.update(
+            answer=request(address, "POST", "/translate", four)))
+        waiting.start()
+        wait_until(lambda: service.batcher.queued_sentences == 4, "the first request queued")
+        refused = request(address, "POST", "/translate", {"text": ["One more."]})
+        assert refused.status == 503
+        assert "queue is full" in refused.json["error"]
+        assert int(refused.headers["retry-after"]) >= 1
+        assert "answer" not in first  # refused while the first still waits: never a hang
+        waiting.join(timeout=120)
+        assert first["answer"].status == 200
+        assert first["answer"].json["translations"] == loaded_model.translate(
+            four["text"], service.defaults)
+
+
+def test_deadline_answers_504_and_frees_the_queue(loaded_model):
+    with in_process_server(loaded_model, deadline=0.001, batch_wait=0.5) as (address, service):
+        answer = request(address, "POST", "/translate", {"text": ["A dog runs."]})
+        assert answer.status == 504 and "deadline of 0.001 s" in answer.json["error"]
+        assert service.batcher.queued_sentences == 0
+
+
+def test_a_client_that_disconnects_frees_its_slot(loaded_model):
+    four = {"text": ["A dog runs.", "A cat sleeps.", "Two men talk.", "A girl sings."]}
+    with in_process_server(loaded_model, max_queue=4, max_sentences=4,
+                           batch_wait=3.0) as (address, service):
+        body = json.dumps(four).encode()
+        client = socket.create_connection(address, timeout=30)
+        client.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                       b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        wait_until(lambda: service.batcher.queued_sentences == 4, "the request queued")
+        client.close()
+        wait_until(lambda: service.batcher.queued_sentences == 0, "the slot freed")
+        assert service.batcher.stats.requests == 0  # taken out before it was decoded
+        again = request(address, "POST", "/translate", four)
+        assert again.status == 200
+
+
+def test_a_sentence_the_hub_refuses_fails_only_its_own_request(loaded_model):
+    too_long = " ".join(["dog"] * 1100)
+    bodies = [{"text": ["A dog runs.", too_long]}, {"text": ["A cat sleeps."]},
+              {"text": ["Two men talk.", "A girl sings."]}]
+    with in_process_server(loaded_model, batch_wait=2.0) as (address, service):
+        answers: list = [None] * 3
+        threads = [threading.Thread(target=lambda i=i: answers.__setitem__(
+            i, request(address, "POST", "/translate", bodies[i]))) for i in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=300)
+        assert answers[0].status == 422
+        assert answers[0].json["error"].startswith("sentence 2 has 1101 tokens")
+        for answer, body in zip(answers[1:], bodies[1:]):
+            assert answer.status == 200
+            assert answer.json["translations"] == loaded_model.translate(body["text"],
+                                                                         service.defaults)
+        assert service.batcher.stats.largest_batch == 3  # they were one batch
+
+
+# -- shutdown -----------------------------------------------------------------------------------
+
+
+def test_sigterm_answers_every_accepted_request_then_exits_0(model_dir, raw_lines):
+    process = start_server(model_dir, *LANGS, "--batch-wait-ms", "5000")
+    bodies = [{"text": raw_lines[i * 3:i * 3 + 3]} for i in range(12)]
+    total = sum(len(body["text"]) for body in bodies)
+    answers: list = [None] * len(bodies)
+
+    def client(index: int) -> None:
+        try:
+            answers[index] = process.request("POST", "/translate", bodies[index])
+        except OSError as error:
+            answers[index] = error
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(bodies))]
+    try:
+        for thread in threads:
+            thread.start()
+
+        def all_accepted() -> bool:
+            health = process.request("GET", "/health").json
+            return (health["queued_sentences"] + health["decoding_sentences"]
+                    + health["sentences"]) == total
+
+        wait_until(all_accepted, "the burst to be accepted")
+        process.process.send_signal(signal.SIGTERM)
+
+        def refused() -> bool:  # no new connection once the signal is handled
+            try:
+                socket.create_connection(process.address, timeout=5).close()
+            except ConnectionRefusedError:
+                return True
+            return False
+
+        wait_until(refused, "new connections to be refused", timeout=60)
+        assert any(answer is None for answer in answers)  # refused while the burst waits
+        for thread in threads:
+            thread.join(timeout=300)
+        assert process.process.wait(timeout=120) == 0, "\n".join(process.stderr)
+    finally:
+        process.stop()
+    for answer, body in zip(answers, bodies):
+        assert not isinstance(answer, Exception), answer
+        assert answer.status == 200 and len(answer.json["translations"]) == len(body["text"])
+    expected = translate_command(model_dir, [line for body in bodies for line in body["text"]],
+                                 *LANGS)
+    assert [t for answer in answers for t in answer.json["translations"]] == expected
+    assert process.stderr[-1] == "vaswani-serve: stopped: every accepted request was answered"
+
+
+def test_command_errors_are_one_line(model_dir, tmp_path):
+    from cli import command
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*command("serve"), *args], capture_output=True, text=True,
+                              env=fairseq_env(), timeout=600, check=False)
+
+    missing = run(str(tmp_path / "nowhere"), "--port", "0")
+    assert missing.returncode == 1
+    assert missing.stderr.strip().splitlines() == [
+        f"vaswani-serve: error: {tmp_path / 'nowhere'}: no such model directory"]
+    # a model that cannot be loaded: the server stops, one line, status 1
+    unusable = run(str(model_dir), "--port", "0")  # no --source-lang: two dictionaries
+    assert unusable.returncode == 1
+    last = unusable.stderr.strip().splitlines()[-1]
+    assert last.startswith("vaswani-serve: error:") and "language pair" in last
+    assert "Traceback" not in unusable.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        busy = run(str(model_dir), "--port", str(taken.getsockname()[1]))
+    assert busy.returncode == 1 and busy.stderr.strip().startswith(
+        "vaswani-serve: error: cannot listen on 127.0.0.1:")
+    bad_limits = run(str(model_dir), "--max-sentences", "2000")
+    assert bad_limits.returncode == 1 and "max_queue" in bad_limits.stderr
+
+
+# -- the page in a real headless Chromium ---------------------------------------------------------
+
+
+def viridis(value: float) -> list[int]:
+    """The page's colour map (static/page.js), to check the pixels it drew."""
+    stops = [[68, 1, 84], [71, 45, 123], [59, 82, 139], [44, 114, 142], [33, 145, 140],
+             [40, 174, 128], [94, 201, 98], [173, 220, 48], [253, 231, 37]]
+    x = min(1.0, max(0.0, value)) * (len(stops) - 1)
+    i = min(len(stops) - 2, int(x))
+    return [round(a + (x - i) * (b - a)) for a, b in zip(stops[i], stops[i + 1])]
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    executable = Chromium.find()
+    if executable is None:
+        pytest.skip("no Chromium (Debian's chromium package: scripts/run_tests.sh installs it "
+                    "with apt-get where it can, or set VASWANI_CHROMIUM)")
+    browser = Chromium(executable)
+    yield browser
+    browser.close()
+
+
+def test_page_translates_and_draws_the_attention(server, chromium, tmp_path):
+    sentences = ["A man in a red shirt is riding a bicycle down the street.",
+                 "Two dogs are playing in the snow."]
+    chromium.open(server.url)
+    chromium.wait_for("document.body.dataset.state === 'ready'")
+    chromium.type_into("#source", "\n".join(sentences))
+    chromium.click("#run")
+    chromium.wait_for("document.getElementById('heatmap').dataset.drawn === 'true'")
+    shown = chromium.evaluate(
+        "[...document.querySelectorAll('#translations li')].map(e => e.textContent)")
+    expected = server.request("POST", "/translate", {"text": sentences}).json["translations"]
+    assert shown == expected and all(shown)
+
+    attention = server.request("POST", "/attention", {"text": sentences[0]}).json
+
+    def check_drawn(layer: int, head: int) -> None:
+        geometry = chromium.evaluate("Object.assign({}, document.getElementById('heatmap')"
+                                     ".dataset)")
+        assert (int(geometry["layer"]), int(geometry["head"])) == (layer, head)
+        weights = attention["weights"][layer][head]
+        assert int(geometry["rows"]) == len(attention["target_tokens"]) == len(weights)
+        assert int(geometry["columns"]) == len(attention["source_tokens"])
+        cell, left, top = (int(geometry[k]) for k in ("cell", "left", "top"))
+        peak = max(max(row) for row in weights)
+        cells = [(r, c) for r in range(len(weights)) for c in range(len(weights[0]))]
+        pixels = chromium.evaluate(
+            "(() => { const c = document.getElementById('heatmap').getContext('2d'); return "
+            + json.dumps([[left + c * cell + cell // 2, top + r * cell + cell // 2]
+                          for r, c in cells])
+            + ".map(([x, y]) => Array.from(c.getImageData(x, y, 1, 1).data.slice(0, 3))); })()")
+        for (r, c), pixel in zip(cells, pixels):
+            want = viridis(weights[r][c] / peak)
+            assert max(abs(a - b) for a, b in zip(pixel, want)) <= 2, (r, c, pixel, want)
+        assert len({tuple(p) for p in pixels}) > 3  # a picture, not a flat colour
+
+    check_drawn(attention["layers"] - 1, 0)  # the page starts on the top layer, head 1
+    chromium.evaluate("(() => { const s = document.getElementById('head'); s.value = '2';"
+                      " s.dispatchEvent(new Event('change')); })()")
+    check_drawn(attention["layers"] - 1, 2)
+    status = chromium.evaluate("document.getElementById('attention-status').textContent")
+    assert "head 3" in status and expected[0] in status
+
+    screenshot = chromium.screenshot()
+    assert screenshot.startswith(b"\x89PNG\r\n\x1a\n") and len(screenshot) > 10_000
+    (tmp_path / "serving_page.png").write_bytes(screenshot)
+    keep = os.environ.get("VASWANI_SERVING_SCREENSHOT")
+    if keep:  # docs/serving_page.png is made this way
+        Path(keep).write_bytes(screenshot)
