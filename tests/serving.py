@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from cli import command, fairseq_env
+from cli import REPO, command, fairseq_env
 
 LISTENING = re.compile(r"vaswani-serve: listening on (http://\S+)")
 
@@ -104,3 +106,25 @@ def start_server(model_dir, *args: str, timeout: float = 600) -> ServerProcess:
             server.stop()
             raise AssertionError("vaswani-serve not ready in time:\n" + "\n".join(server.stderr))
         time.sleep(0.2)
+
+
+def hub_model_dir(trained, directory):
+    """``directory`` made a hub model directory (as tests/test_hub.py builds one) of the
+    ``trained_multi30k`` model ``trained``: its last checkpoint and the two dictionaries."""
+    directory.mkdir(parents=True)
+    os.symlink(trained.checkpoint_dir / "checkpoint_last.pt", directory / "model.pt")
+    for lang in ("en", "de"):
+        os.symlink(trained.data_bin / f"dict.{lang}.txt", directory / f"dict.{lang}.txt")
+    return directory
+
+
+def ctranslate2_export(trained, output, *args: str):
+    """The CTranslate2 export of ``trained``'s last checkpoint, written by the command line."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "user_plugin.export",
+         str(trained.checkpoint_dir / "checkpoint_last.pt"), "--data-dir", str(trained.data_bin),
+         "--to", "ctranslate2", "--output", str(output), *args],
+        env={**fairseq_env(), "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+        timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return output

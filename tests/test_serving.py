@@ -23,7 +23,7 @@ import pytest
 from browser import Chromium
 from cli import REPO, fairseq_env
 from conftest import MULTI30K, require_data
-from serving import request, start_server
+from serving import ctranslate2_export, hub_model_dir, request, start_server
 
 from user_plugin.serving.limits import Limits
 
@@ -38,14 +38,8 @@ LANGS = ["--source-lang", "en", "--target-lang", "de"]
 
 @pytest.fixture(scope="module")
 def model_dir(trained_multi30k, tmp_path_factory):
-    """A hub model directory (as tests/test_hub.py builds it), at a path with a space and a
-    non-ASCII letter."""
-    directory = tmp_path_factory.mktemp("serve") / "modèle servi"
-    directory.mkdir()
-    os.symlink(trained_multi30k.checkpoint_dir / "checkpoint_last.pt", directory / "model.pt")
-    for lang in ("en", "de"):
-        os.symlink(trained_multi30k.data_bin / f"dict.{lang}.txt", directory / f"dict.{lang}.txt")
-    return directory
+    """A hub model directory at a path with a space and a non-ASCII letter."""
+    return hub_model_dir(trained_multi30k, tmp_path_factory.mktemp("serve") / "modèle servi")
 
 
 @pytest.fixture(scope="module")
@@ -103,15 +97,7 @@ def test_same_outputs_as_vaswani_translate(server, model_dir, raw_lines):
 def ct2_export(trained_multi30k, tmp_path_factory):
     pytest.importorskip("ctranslate2",
                         reason="ctranslate2 is not installed (the test extra has it)")
-    out = tmp_path_factory.mktemp("serve_ct2") / "ct2 export"
-    proc = subprocess.run(
-        [sys.executable, "-m", "user_plugin.export",
-         str(trained_multi30k.checkpoint_dir / "checkpoint_last.pt"),
-         "--data-dir", str(trained_multi30k.data_bin), "--to", "ctranslate2", "--output", str(out)],
-        env={**fairseq_env(), "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
-        timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
+    return ctranslate2_export(trained_multi30k, tmp_path_factory.mktemp("serve_ct2") / "ct2 export")
 
 
 def test_ctranslate2_backend_same_outputs_as_vaswani_translate(ct2_export, raw_lines):
