@@ -116,13 +116,18 @@ def test_every_command_is_installed_and_loads(installed):
     for name in ("vaswani-user-dir", "vaswani-plot-training", "vaswani-plot-attention",
                  "vaswani-ablation-table", "vaswani-prepare-trees", "vaswani-parse-eval",
                  "vaswani-options", "vaswani-export", "vaswani-translate", "vaswani-average",
-                 "vaswani-score", "vaswani-prepare-text"):
+                 "vaswani-score", "vaswani-prepare-text", "vaswani-serve"):
         assert name in loaded, name
     for name, module in loaded.items():
         assert (installed.bin / name).is_file(), name
         assert module.startswith("user_plugin."), (name, module)
     help_text = run([installed.bin / "vaswani-parse-eval", "--help"], cwd=installed.work).stdout
     assert help_text.startswith("usage: vaswani-parse-eval") and "--gold" in help_text
+    # vaswani-serve's page is package data: installed beside its code
+    static = installed.site / "user_plugin" / "serving" / "static"
+    assert {p.name for p in static.iterdir()} >= {"index.html", "page.js", "page.css"}
+    help_text = run([installed.bin / "vaswani-serve", "--help"], cwd=installed.work).stdout
+    assert help_text.startswith("usage: vaswani-serve") and "--max-queue" in help_text
 
 
 def test_fairseq_trains_with_the_printed_user_dir(installed):
