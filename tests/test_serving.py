@@ -315,6 +315,21 @@ def test_deadline_answers_504_and_frees_the_queue(loaded_model):
         assert service.batcher.queued_sentences == 0
 
 
+def test_a_body_that_never_arrives_is_408_at_the_deadline(loaded_model):
+    with in_process_server(loaded_model, deadline=0.5) as (address, service):
+        with socket.create_connection(address, timeout=60) as client:
+            client.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
+                           b"\r\n{\"text\": [")
+            answer = b""
+            while b'"}' not in answer:
+                chunk = client.recv(65536)
+                assert chunk, answer
+                answer += chunk
+            answer = answer.decode()
+        assert answer.startswith("HTTP/1.1 408")
+        assert "body: not received within the deadline of 0.5 s" in answer
+
+
 def test_a_client_that_disconnects_frees_its_slot(loaded_model):
     four = {"text": ["A dog runs.", "A cat sleeps.", "Two men talk.", "A girl sings."]}
     with in_process_server(loaded_model, max_queue=4, max_sentences=4,

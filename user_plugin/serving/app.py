@@ -127,7 +127,11 @@ class Service:
             if self.model is None or self.stopping:
                 raise NotReady("the server is shutting down" if self.stopping
                                else "the model is still loading")
-            data = await self.read_body(request)
+            try:
+                data = await asyncio.wait_for(self.read_body(request), self.limits.deadline)
+            except asyncio.TimeoutError:
+                raise RequestError(408, "body: not received within the deadline of "
+                                   f"{self.limits.deadline:g} s") from None
             body = parse(data, self.limits, self.defaults)
             if kind == TRANSLATE and not body.sentences:
                 result = []

@@ -4,8 +4,9 @@ large client, from making every other client wait without end.
 Each bound has its answer (docs/serving.md): a body over :attr:`Limits.max_body_bytes` or a
 request of more than :attr:`Limits.max_sentences` sentences is 413; a request that would make
 the queue hold more than :attr:`Limits.max_queue` sentences waiting to be decoded is 503 with
-``Retry-After``; a request not answered :attr:`Limits.deadline` seconds after it arrived is 504;
-a ``beam`` above :attr:`Limits.max_beam` is 422.
+``Retry-After``; a request not answered :attr:`Limits.deadline` seconds after it arrived is 504
+(408 when its body has not even arrived by then); a ``beam`` above :attr:`Limits.max_beam` is
+422.
 """
 
 from __future__ import annotations
