@@ -23,5 +23,6 @@ command                    module
 ``vaswani-parse-eval``     :mod:`.parse_eval`: EVALB-compatible bracket scoring (§6.3)
 ``vaswani-export``         :mod:`user_plugin.export.cli`: fairseq / CTranslate2 exports
 ``vaswani-translate``      :mod:`user_plugin.hub.cli`: translate stdin with a model dir
+``vaswani-serve``          :mod:`.serve`: an HTTP translation service (dynamic batching)
 =========================  ================================================================
 """
