@@ -164,7 +164,7 @@ class ServedModel:
             raise RequestError(501, "the ctranslate2 backend returns no per-layer, per-head "
                                "attention: serve the checkpoint (--backend fairseq) to see it")
         translator = self.translator
-        encoded = translator.codec.encode(sentence)
+        encoded = translator.model_tokens([sentence])[0]  # what the hub feeds the model
         if not encoded.strip():
             raise RequestError(422, "text: empty sentence (nothing to attend to)")
         hypothesis = translator.translate_tokens([encoded], beam=options.beam,
