@@ -440,6 +440,16 @@ def test_an_output_that_was_not_written_is_one_error_line_and_no_record(tmp_path
     assert not (tmp_path / ".done").exists()
 
 
+def test_start_over_takes_0_or_1_only(tmp_path):
+    from test_recipes import recipe_env, run_script, step_script
+
+    result = run_script(step_script("train"), recipe_env(WORK_DIR=tmp_path, START_OVER="yes"),
+                        "wmt14_en_de", check=False)
+    assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == \
+        "train: error: START_OVER must be 0 or 1, got 'yes'"
+    assert not (tmp_path / "base").exists()
+
+
 def test_the_shell_layer_is_thin_and_the_lock_name_is_defined_once():
     common = (REPO / "recipes" / "common.sh").read_text(encoding="utf-8")
     assert common.count("\n") <= 250

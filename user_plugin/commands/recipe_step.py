@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from user_plugin import recipe_steps as steps
-from user_plugin.files import UserError, console_script
+from user_plugin.files import UserError, console_script, file_error
 
 PROG = "vaswani-step"
 NO = 3
@@ -163,6 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except steps.StepRefused as refusal:
         print(refusal)
         return NO
+    except OSError as error:  # a directory that cannot be listed, a record that cannot go...
+        raise file_error(error.filename or argv[0], error) from None
 
 
 cli_main = console_script(main, PROG)
