@@ -27,6 +27,7 @@ setup(
             "vaswani-ablation-table = user_plugin.commands.ablation_table:cli_main",
             "vaswani-prepare-trees = user_plugin.commands.prepare_trees:cli_main",
             "vaswani-parse-eval = user_plugin.commands.parse_eval:cli_main",
+            "vaswani-step = user_plugin.commands.recipe_step:cli_main",
             "vaswani-export = user_plugin.export.cli:main",
             "vaswani-translate = user_plugin.hub.cli:main",
             "vaswani-serve = user_plugin.commands.serve:cli_main",

@@ -13,15 +13,17 @@
 # Table 3 ones are listed by `vaswani-ablation-table list` (vaswani_table3_base,
 # ..._c_layers2, ...), and any other registered architecture works too.
 #
-# Each variant gets a directory $ABLATION_DIR/<variant>/ of steps (recipes/common.sh markers):
+# Each variant gets a directory $ABLATION_DIR/<variant>/ of steps (their records:
+# docs/recipes.md, "Steps"):
 #   checkpoints/  the train step, recipes/steps/train.sh with ARCH=<variant>, RUN_DIR=<this
 #                 directory>, the row's ε_ls and number of updates and no averaging
 #   validate/     validate.log: fairseq-validate on VALID_SUBSET with checkpoints/$CHECKPOINT
 #   generate/     generate.log: fairseq-generate on VALID_SUBSET with checkpoints/$CHECKPOINT
 #   train.log, validate.log, generate.log   links to the three logs, which the table reads
 #   .done         the variant is complete: all three steps finished as they are now
-# A finished step is skipped, an interrupted training continues from its last checkpoint, a
-# step whose settings or input changed is redone. The table, $ABLATION_DIR/table.md and
+# A finished step is skipped, an interrupted training continues from its last checkpoint (and
+# a finished one when MAX_UPDATE grew), a step whose input changed is redone, and so is one
+# whose settings changed, except training: it is refused unless START_OVER=1. The table, $ABLATION_DIR/table.md and
 # results.json, is a step too (marker $ABLATION_DIR/.done): written again when the requested
 # variants or any of their results changed.
 #
@@ -40,7 +42,7 @@
 #   EVAL_MAX_TOKENS [4096]; EVAL_ARGS more fairseq-validate and fairseq-generate options
 #   and the train step's (recipes/steps/train.sh): MAX_TOKENS, TOKENS_PER_STEP, UPDATE_FREQ,
 #   WARMUP_UPDATES, SAVE_INTERVAL_UPDATES, SEED, DEVICE, NUM_GPUS, PRECISION, EXTRA_ARGS (last
-#   on fairseq-train's command line, e.g. tiny sizes).
+#   on fairseq-train's command line, e.g. tiny sizes), START_OVER.
 set -euo pipefail
 STEP_NAME=ablation
 # shellcheck source=common.sh

@@ -31,6 +31,8 @@ set -euo pipefail
 STEP_NAME=demo
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+# shellcheck source=downloads.sh
+source "$RECIPES_DIR/downloads.sh"
 start_time=$(date +%s)
 
 SETUP_VENV=${SETUP_VENV:-1}

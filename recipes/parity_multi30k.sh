@@ -103,7 +103,7 @@ builtin_train() {
   local config="v1 builtin arch=transformer max_update=$MAX_UPDATE warmup=$WARMUP_UPDATES"
   config+=" lr=$PEAK_LR max_tokens=$MAX_TOKENS seed=$SEED save=$SAVE_INTERVAL_UPDATES"
   config+=" keep=$AVERAGE_LAST eval_bleu=${EVAL_BLEU:-1} model=$DEMO_MODEL_ARGS"
-  if step_is_done "$CKPT_DIR" "$config" "$BIN_DIR"; then
+  if step_is_current "$CKPT_DIR" "$config" "$BIN_DIR"; then
     log "built-in transformer: already trained ($CKPT_DIR/.done); skipping"
     return 0
   fi

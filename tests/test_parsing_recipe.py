@@ -32,7 +32,7 @@ RECIPE_VARIABLES = {
     "UPDATE_FREQ", "DEVICE", "NUM_GPUS", "PRECISION", "SEED", "LOG_INTERVAL", "EXTRA_ARGS",
     "GEN_SUBSET", "CHECKPOINT", "BEAM", "LENPEN", "MAX_LEN_OVER_SOURCE", "GEN_MAX_TOKENS",
     "GEN_ARGS", "SETUP_VENV", "SYNTH_TRAIN", "SYNTH_DEV", "SYNTH_TEST", "SYNTH_SEED",
-    "DEMO_MODEL_ARGS", "STEP_NAME", "VENV",
+    "DEMO_MODEL_ARGS", "STEP_NAME", "VENV", "START_OVER",
 }
 TINY_MODEL_ARGS = (
     "--encoder-layers 1 --decoder-layers 1 --encoder-embed-dim 32 --decoder-embed-dim 32 "
@@ -156,8 +156,8 @@ def kill_training_at_its_first_checkpoint(env: dict, checkpoints: Path) -> None:
 
 
 def test_interrupted_training_resumes_only_with_the_same_settings(demo, tmp_path):
-    """A killed run resumes from its checkpoints; with other settings it starts over instead of
-    loading a checkpoint of another model."""
+    """A killed run resumes from its checkpoints; with other settings it is refused, and starts
+    over when asked to (START_OVER=1) instead of loading a checkpoint of another model."""
     work, _, _ = demo
     env = recipe_env(WORK_DIR=tmp_path / "work", PTB_DIR=work / "synthetic", DEVICE="cpu",
                      MAX_UPDATE=300, WARMUP_UPDATES=2, MAX_TOKENS=256, TOKENS_PER_STEP=256,
@@ -174,7 +174,10 @@ def test_interrupted_training_resumes_only_with_the_same_settings(demo, tmp_path
     assert (checkpoints / ".done").is_file()
     shutil.rmtree(checkpoints)
     kill_training_at_its_first_checkpoint(env, checkpoints)
-    result = run_recipe("train.sh", {**env, "DROPOUT": "0.2"})
+    refused = run_recipe("train.sh", {**env, "DROPOUT": "0.2"})  # it would delete checkpoints
+    assert refused.returncode == 1 and "set START_OVER=1" in refused.stderr
+    assert (checkpoints / "checkpoint_last.pt").is_file()
+    result = run_recipe("train.sh", {**env, "DROPOUT": "0.2", "START_OVER": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert "cannot be continued" in result.stderr
     assert f"starting over in {checkpoints}" in result.stderr

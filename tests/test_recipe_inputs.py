@@ -10,6 +10,7 @@ that runs the real one through ``fault_injection.WRAPPER``, which SIGKILLs it af
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import sys
@@ -102,8 +103,10 @@ def test_the_plugins_optimizer_is_chosen_by_OPTIMIZER_and_a_changed_choice_is_a_
     again = run_script(step_script("train"), env, "wmt14_en_de")
     assert "already done" in again.stderr  # a rerun of the finished run changes nothing
     # fairseq's adam is another run: the recipe starts over instead of resuming the moments
-    # of another optimizer (which fairseq would refuse)
-    switched = run_script(step_script("train"), {**env, "OPTIMIZER": "adam"}, "wmt14_en_de")
+    # of another optimizer (which fairseq would refuse), once asked to (START_OVER=1: it
+    # deletes the finished run's checkpoints)
+    switched = run_script(step_script("train"), {**env, "OPTIMIZER": "adam", "START_OVER": "1"},
+                          "wmt14_en_de")
     assert "Loaded checkpoint" not in switched.stdout
     state = torch.load(last, map_location="cpu", weights_only=False)
     assert state["optimizer_history"][-1]["optimizer_name"] == "FairseqAdam"
@@ -139,6 +142,60 @@ def test_a_half_finished_training_notices_that_its_data_was_redone(raw_dir, bina
     assert f"starting over in {checkpoints}" in result.stderr
     assert "Loaded checkpoint" not in result.stdout
     assert num_updates(checkpoints / "checkpoint_last.pt") == MAX_UPDATE
+
+
+def interval_checkpoints(checkpoints: Path) -> dict:
+    """``{update: bytes}`` of the interval checkpoints ``checkpoint_<epoch>_<update>.pt``."""
+    return {int(path.stem.rsplit("_", 1)[1]): path.read_bytes()
+            for path in checkpoints.glob("checkpoint_*_*.pt")}
+
+
+def test_raising_max_update_continues_a_finished_run_and_other_changes_are_refused(
+        raw_dir, binarized, tmp_path):
+    """A finished run given a larger MAX_UPDATE trains on from its last checkpoint: the earlier
+    checkpoints stay byte-identical, the later ones are added, the record is updated. Another
+    setting, or a lowered MAX_UPDATE, is refused in one line with nothing touched."""
+    run_dir = tmp_path / "base"
+    env = {**chain_env(raw_dir, binarized, RUN_DIR=run_dir), "AVERAGE_LAST": "10"}  # keep all
+    run_script(step_script("train"), env, "wmt14_en_de")
+    checkpoints = run_dir / "checkpoints"
+    finished = interval_checkpoints(checkpoints)
+    assert sorted(finished) == [3, MAX_UPDATE]
+    first_record = (checkpoints / ".done").read_text()
+
+    longer = {**env, "MAX_UPDATE": str(MAX_UPDATE + 3)}
+    result = run_script(step_script("train"), longer, "wmt14_en_de")
+    assert (f"continuing the finished run in {checkpoints}: MAX_UPDATE grew from {MAX_UPDATE} "
+            f"to {MAX_UPDATE + 3}; its checkpoints are kept") in result.stderr
+    assert "starting over" not in result.stderr
+    assert f"@ {MAX_UPDATE} updates)" in result.stdout  # loaded checkpoint_last.pt
+    trained = [int(n) for n in re.findall(r"\bnum_updates=(\d+)", result.stdout)]
+    assert trained and min(trained) == MAX_UPDATE + 1 and max(trained) == MAX_UPDATE + 3
+    continued = interval_checkpoints(checkpoints)
+    assert sorted(continued) == [3, MAX_UPDATE, MAX_UPDATE + 3]
+    for update, data in finished.items():
+        assert continued[update] == data, update  # byte-identical
+    assert num_updates(checkpoints / "checkpoint_last.pt") == MAX_UPDATE + 3
+    record = (checkpoints / ".done").read_text()
+    assert record.split("\nid ")[1] != first_record.split("\nid ")[1]
+    assert f"max_update={MAX_UPDATE + 3} " in record and not (checkpoints / ".started").exists()
+    assert f"_{MAX_UPDATE + 3}.pt" in record
+    assert "already done" in run_script(step_script("train"), longer, "wmt14_en_de").stderr
+
+    untouched = {path.name: (path.stat().st_mtime_ns, path.read_bytes())
+                 for path in checkpoints.iterdir() if path.is_file()}
+    for change, words in (({"WARMUP_UPDATES": "5"}, "its settings changed (warmup=4 -> warmup=5)"),
+                          ({"MAX_UPDATE": "4"}, f"finished at MAX_UPDATE={MAX_UPDATE + 3}, "
+                                                "past the MAX_UPDATE=4 asked for now")):
+        refused = run_script(step_script("train"), {**longer, **change}, "wmt14_en_de",
+                             check=False)
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr
+        errors = [line for line in refused.stderr.splitlines() if "error" in line]
+        assert len(errors) == 1 and errors[0].startswith("train: error: "), refused.stderr
+        assert words in errors[0] and "set START_OVER=1" in errors[0]
+        assert "+ fairseq-train" not in refused.stderr
+        assert {path.name: (path.stat().st_mtime_ns, path.read_bytes())
+                for path in checkpoints.iterdir() if path.is_file()} == untouched
 
 
 def preprocess(prepared: Path, destination: Path, threshold: int) -> None:

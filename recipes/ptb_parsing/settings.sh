@@ -32,7 +32,6 @@ SRC=words
 TGT=brackets
 PREPARE_TREES=vaswani-prepare-trees
 PARSE_EVAL=vaswani-parse-eval
-eval "$(python "$PLUGIN_DIR/paper.py")"
 
 # json_value FILE KEY...: a value from a JSON file (floats with 2 decimals), e.g.
 # json_value score/test/evalb.json all f1.

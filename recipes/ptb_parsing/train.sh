@@ -5,13 +5,16 @@
 # learning rate and the beam were tuned in the paper (on section 22): DROPOUT and LR_SCALE. The
 # model is selected by section 22 loss (checkpoint_best.pt). The paper gives no step count for
 # parsing: MAX_UPDATE defaults to the base model's 100k. An interrupted run resumes from
-# checkpoint_last.pt when its settings and data are unchanged, and starts over otherwise.
+# checkpoint_last.pt when its settings and data are unchanged, and a run whose MAX_UPDATE alone
+# was raised continues; new data starts it over; other settings are refused unless START_OVER=1
+# (recipes/steps/train.sh, "Resuming").
 #
 # Environment (defaults in brackets): ARCH [vaswani_parsing_wsj], DROPOUT [0.1], LR_SCALE [1]
 # (times equation 3), WARMUP_UPDATES [4000], LABEL_SMOOTHING [0.1], MAX_UPDATE [100000],
 # MAX_TOKENS [4096 per GPU], TOKENS_PER_STEP [25000], UPDATE_FREQ [computed], DEVICE [gpu when
 # torch sees one], NUM_GPUS [all], PRECISION [fp16 on GPU, fp32 on CPU], SEED [1],
-# LOG_INTERVAL [100], EXTRA_ARGS [none; more fairseq-train options], WORK_DIR (settings.sh).
+# LOG_INTERVAL [100], EXTRA_ARGS [none; more fairseq-train options], START_OVER [0],
+# WORK_DIR (settings.sh).
 set -euo pipefail
 STEP_NAME=train
 # shellcheck source=settings.sh
@@ -31,6 +34,7 @@ EXTRA_ARGS=${EXTRA_ARGS:-}
 for name in WARMUP_UPDATES MAX_UPDATE MAX_TOKENS TOKENS_PER_STEP SEED LOG_INTERVAL; do
   require_int "$name"
 done
+require_flag START_OVER
 [ "$MAX_TOKENS" -gt 0 ] || die "MAX_TOKENS must be positive"
 workers=$(( NUM_GPUS > 0 ? NUM_GPUS : 1 ))
 if [ -n "${UPDATE_FREQ:-}" ]; then
@@ -47,7 +51,10 @@ config="v1 arch=$ARCH dropout=$DROPOUT lr_scale=$LR_SCALE warmup=$WARMUP_UPDATES
 config+=" ls=$LABEL_SMOOTHING max_update=$MAX_UPDATE max_tokens=$MAX_TOKENS"
 config+=" update_freq=$UPDATE_FREQ device=$DEVICE gpus=$NUM_GPUS precision=$PRECISION"
 config+=" seed=$SEED extra=$EXTRA_ARGS"
-skip_step_if_done "$CKPT_DIR" "$config" "$BIN_DIR"
+if step_is_current "$CKPT_DIR" "$config" "$BIN_DIR"; then
+  log "already done ($CKPT_DIR/.done); skipping"
+  exit 0
+fi
 require_step "$BIN_DIR" binarize
 begin_training "$CKPT_DIR" "$config" "$BIN_DIR"
 log "training $ARCH on $DEVICE ($PRECISION): $MAX_UPDATE updates of up to $(( MAX_TOKENS * workers * UPDATE_FREQ )) tokens, dropout $DROPOUT, lr x $LR_SCALE"

@@ -26,6 +26,8 @@ set -euo pipefail
 STEP_NAME=prepare
 # shellcheck source=../common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
+# shellcheck source=../downloads.sh
+source "$RECIPES_DIR/downloads.sh"
 start_pair_run "$@"
 
 RAW_DIR=${RAW_DIR:-}

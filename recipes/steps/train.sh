@@ -34,7 +34,8 @@
 # user_plugin/optimizers], LOG_INTERVAL [100], TRAIN_TASK [translation], TENSORBOARD_DIR
 # [$RUN_DIR/checkpoints/tensorboard; none: no TensorBoard logs], CURVES_PNG
 # [$RUN_DIR/checkpoints/training_curves.png, drawn when training ends], EXTRA_ARGS [none; more
-# fairseq-train options, last so they win, e.g. a tiny model].
+# fairseq-train options, last so they win, e.g. a tiny model], START_OVER [0; 1: a changed
+# setting starts the run over, deleting its checkpoints, instead of being refused].
 #
 # Several nodes (NNODES > 1): run this script on every node with the same settings and its own
 # NODE_RANK (under Slurm: `srun --nodes N --ntasks-per-node 1 bash recipes/steps/train.sh PAIR`).
@@ -47,12 +48,17 @@
 # owns the step's directory: its markers, restarts and train.log; another node only trains and
 # logs to $RUN_DIR/train.node<NODE_RANK>.log.
 #
-# Resuming: a finished run (its marker is valid) is skipped. An interrupted run continues from
-# its newest intact checkpoint (the plugin and fairseq do it by themselves) when it was started
-# with the same settings on the same data (recorded in checkpoints/.started); otherwise, and
-# when a finished run's settings, data or checkpoints changed, or its marker was deleted,
-# training starts over from scratch, saying why. A directory that a training run is still
-# using is never emptied.
+# Resuming (docs/recipes.md, "Steps"): a finished run (its marker is valid) is skipped. An
+# interrupted run continues from its newest intact checkpoint (the plugin and fairseq do it by
+# themselves) when it was started with the same settings on the same data (recorded in
+# checkpoints/.started). A finished or interrupted run whose MAX_UPDATE alone was raised
+# continues from its last checkpoint to the new MAX_UPDATE: its checkpoints are kept (the last
+# AVERAGE_LAST interval ones of the whole run, as one longer run keeps them). When the data
+# changed, or the checkpoints have no record (a deleted marker), training starts over from
+# scratch, saying why. Any other change (another setting, a lowered MAX_UPDATE, a finished
+# run's checkpoint lost) would delete the checkpoints: it is refused in one line unless
+# START_OVER=1 [0] asks to start over. A directory that a training run is still using is never
+# emptied.
 set -euo pipefail
 STEP_NAME=train
 # shellcheck source=../common.sh
@@ -76,6 +82,7 @@ EXTRA_ARGS=${EXTRA_ARGS:-}
 for name in WARMUP_UPDATES MAX_TOKENS TOKENS_PER_STEP SEED LOG_INTERVAL; do
   require_int "$name"
 done
+require_flag START_OVER
 [ "$MAX_UPDATE" -gt 0 ] || die "MAX_UPDATE must be positive (fairseq-train reads 0 as no limit)"
 [ "$MAX_TOKENS" -gt 0 ] || die "MAX_TOKENS must be positive"
 [ "$TOKENS_PER_STEP" -gt 0 ] || die "TOKENS_PER_STEP must be positive"
@@ -275,7 +282,7 @@ run_identity() {
 # ---- the run --------------------------------------------------------------------------------
 train_args
 run_identity
-if step_is_done "$CKPT_DIR" "$CONFIG" "${INPUTS[@]}"; then
+if step_is_current "$CKPT_DIR" "$CONFIG" "${INPUTS[@]}"; then
   log "training $ARCH: already done ($CKPT_DIR/.done, $MAX_UPDATE updates); skipping"
   exit 0
 fi
