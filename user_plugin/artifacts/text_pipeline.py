@@ -249,7 +249,7 @@ class TextPipeline:
         Unicode normalization, None otherwise."""
         if self.unicode_normalization is not None:
             return None
-        return (f"note: {where} records no Unicode normalization (written before pipelines "
+        return (f"{where} records no Unicode normalization (written before pipelines "
                 "recorded one): text is encoded as typed, so a sentence typed with decomposed "
                 "accents (NFD) becomes other tokens than the same sentence in NFC; if the "
                 "training text was NFC, add \"unicode_normalization\": \"NFC\" to it")

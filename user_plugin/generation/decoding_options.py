@@ -99,7 +99,10 @@ class OptionRange:
                 raise refused
             value = int(value)
         else:
-            value = float(value)
+            try:
+                value = float(value)
+            except OverflowError:  # an int beyond any float
+                raise refused from None
             if not math.isfinite(value):
                 raise refused
         if value in self.off:
@@ -117,7 +120,8 @@ def _number(value: float) -> str:
 
 
 def _shown(value: Any) -> str:
-    return repr(value) if isinstance(value, str) else str(value)
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
 
 
 def _ranges(*ranges: OptionRange) -> dict[str, OptionRange]:

@@ -204,8 +204,9 @@ class GNMTSequenceGenerator(SequenceGenerator):
         length_penalty_form: ``"gnmt"`` divides by ``((5 + |Y|) / 6) ** alpha`` (the paper);
             ``"fairseq"`` by ``|Y| ** alpha`` (fairseq's ``--lenpen``).
         max_len_over_source: ``N >= 0``: each sentence outputs at most its own source length
-            (tokens, no EOS) + N tokens; the batch-wide ``max_len_a``/``max_len_b`` are then set
-            to ``1``/``N`` (padded width + N), which never binds below any sentence's own limit.
+            (tokens, no EOS) + N tokens (:func:`output_limit`); the batch-wide
+            ``max_len_a``/``max_len_b`` are then set to ``1``/``max(N, min_len)`` (padded width
+            + N), which never binds below any sentence's own limit.
             ``N < 0`` turns the per-sentence limit off and keeps fairseq's ``max_len_a``/``b``.
         stop_rule: ``"beam-full"`` (fairseq's) or ``"no-better"`` (tensor2tensor's); see the
             module's docstring.
