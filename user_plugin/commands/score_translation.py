@@ -18,11 +18,13 @@ steps in Python for both sides:
 It also reports sacreBLEU on the detokenized text, with its signature, the number to compare
 across papers (typically 0.5-1.5 lower than the tokenized one).
 
-Files that are not text to score are refused in one line that names the command making them
-so: hypotheses that are still fairseq-generate output lines (any line ``H-12<TAB>-0.35<TAB>...``,
-or ``S-``, ``T-``, ``D-``, ``P-``...: no translation starts with a kind letter, an id and a
-tab, and the hub and ``vaswani-prepare-text`` never write tabs), and files where a tenth or
-more of the non-empty lines hold subword pieces (``@@ `` joiners, SentencePiece's ``\u2581``).
+Both files are compared in Unicode NFC (the same text typed with decomposed accents scores as
+its precomposed form). Files that are not text to score are refused in one line that names the
+command making them so: hypotheses that are still fairseq-generate output lines (any line
+``H-12<TAB>-0.35<TAB>...``, or ``S-``, ``T-``, ``D-``, ``P-``...: no translation starts with a
+kind letter, an id and a tab, and the hub and ``vaswani-prepare-text`` never write tabs), and
+files where a tenth or more of the non-empty lines hold subword pieces (``@@ `` joiners,
+SentencePiece's ``\u2581``).
 
     vaswani-score --hyp hyp.detok.de --ref newstest2014.de \\
         --target-lang de [--no-compound-split] [--output-json bleu.json]
@@ -36,6 +38,7 @@ import logging
 import re
 import shlex
 import sys
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -163,8 +166,11 @@ def sacrebleu_score(hypotheses: Sequence[str], references: Sequence[str],
 def sentences(path: Path) -> list[str]:
     """The lines of ``path`` by the line rule, without a byte-order mark at the start of the
     file or of any line (files joined with ``cat`` keep each one's mark): a mark is not text,
-    and glued to the first word it would make that word differ from the hypothesis'."""
-    return [line.removeprefix(BYTE_ORDER_MARK) for line in iter_lines(path)]
+    and glued to the first word it would make that word differ from the hypothesis'. Lines are
+    compared in Unicode NFC: a word typed with decomposed accents (NFD, as macOS gives it) is
+    the same word as its precomposed form, and scored so."""
+    return [unicodedata.normalize("NFC", line.removeprefix(BYTE_ORDER_MARK))
+            for line in iter_lines(path)]
 
 
 def generate_lines(lines: Sequence[str]) -> list[str]:

@@ -32,7 +32,8 @@ usage error.
   positions), ``--sampling-topp`` is a probability in (0, 1] or -1 for none.
 * Counts are integers: ``--beam`` from 1 to 1000 (its buffers grow with beam x sentences x
   output length), ``--nbest`` from 1 to ``--beam``, and lengths, sizes and the hub's batch size
-  up to 2**31 - 1, the largest count that every engine's integers hold.
+  up to 2**31 - 1, the largest count that every engine's integers hold; the hub's ``--seed``
+  is any seed torch takes (-2**63 to 2**64 - 1).
 
 Combinations that cannot apply are refused too, before any decoding starts: fairseq leaves some
 to fail in the middle of decoding with an unrelated error (``--beam 0`` ends in a reshape error
@@ -152,7 +153,7 @@ OPTIONS: dict[str, OptionRange] = _ranges(
     OptionRange("--prefix-size", int, 0, MAX_COUNT, "0: none"),
     OptionRange("--lm-weight", float, -1000, 1000),
     OptionRange("--batch-size", int, 1, MAX_COUNT, "sentences per batch"),
-    OptionRange("--seed", int, 0, 2**63 - 1),
+    OptionRange("--seed", int, -(2**63), 2**64 - 1, "torch's seeds"),
 )
 
 
