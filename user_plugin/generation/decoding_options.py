@@ -27,7 +27,7 @@ usage error.
   added to or scale float32 log-probabilities: at most 1000 in magnitude, where ``exp(-1000)``
   is already 0 in float64 (a larger penalty changes nothing but can overflow).
 * ``--temperature`` divides the logits, in float16 too (``--fp16``): from 0.01, which keeps
-  logits up to 655 finite in float16, to 100, where any model's distribution is flat.
+  logits up to 655 finite in float16, to 100 (flatter than any use of sampling needs).
 * ``--max-len-a`` is at most 1000 (an output 1000 times its source is beyond every model's
   positions), ``--sampling-topp`` is a probability in (0, 1] or -1 for none.
 * Counts are integers: ``--beam`` from 1 to 1000 (its buffers grow with beam x sentences x
