@@ -441,9 +441,9 @@ def last_line_of_failure(setup, task: str, extra: list, tool: str = "generate") 
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--beam", "0"], "--beam must be at least 1, got 0"),
-    (["--nbest", "5"], "--nbest must be between 1 and --beam 4"),
-    (["--diverse-beam-groups", "3"], "--diverse-beam-groups 3 must divide --beam 4"),
+    (["--beam", "0"], "--beam: must be an integer from 1 to 1000"),
+    (["--nbest", "5"], "--nbest: must be between 1 and --beam 4"),
+    (["--diverse-beam-groups", "3"], "--diverse-beam-groups: 3 must divide --beam 4"),
     (["--constraints"], "--constraints: binarized data carries no constraints"),
 ])
 def test_options_that_cannot_apply_are_refused_before_decoding(setup, extra, message):
@@ -605,10 +605,10 @@ def test_constraints_are_met_by_the_per_sentence_limit():
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(beam=0), "--beam must be at least 1"),
-    (dict(beam=4, nbest=5), "--nbest must be between 1 and --beam 4"),
-    (dict(beam=4, temperature=0.0), "--temperature must be greater than 0"),
-    (dict(beam=4, diverse_beam_groups=3), "--diverse-beam-groups 3 must divide --beam 4"),
+    (dict(beam=0), "--beam: must be an integer from 1 to 1000"),
+    (dict(beam=4, nbest=5), "--nbest: must be between 1 and --beam 4"),
+    (dict(beam=4, temperature=0.0), r"--temperature: must be a number from 0.01 to 100"),
+    (dict(beam=4, diverse_beam_groups=3), "--diverse-beam-groups: 3 must divide --beam 4"),
 ])
 def test_task_refuses_options_that_cannot_apply(options, message):
     from argparse import Namespace

@@ -150,9 +150,11 @@ def model_text_pipeline(
 
     The first :data:`~.text_pipeline.RECORD_NAME` of ``directories`` is read (its subword model
     found beside it and checked by sha256; a given ``bpe_codes`` / ``sentencepiece_model`` must
-    be that same file by content). Without a record (older runs, hand-made directories) the
-    recipes' pipeline (:meth:`TextPipeline.recipe`) is assumed on the subword model given, else
-    on ``found`` (the BPE codes and SentencePiece model found by their usual names).
+    be that same file by content); a record that predates the Unicode normalization setting
+    is used as it is, with the line of :meth:`TextPipeline.normalization_note` to tell. Without
+    a record (older runs, hand-made directories) the recipes' pipeline
+    (:meth:`TextPipeline.recipe`) is assumed on the subword model given, else on ``found``
+    (the BPE codes and SentencePiece model found by their usual names).
     ``moses`` overrides Moses tokenization either way."""
     given = bpe_codes if bpe_codes is not None else sentencepiece_model
     if bpe_codes is not None and sentencepiece_model is not None:
@@ -161,6 +163,7 @@ def model_text_pipeline(
     note = None
     if record is not None:
         pipeline = TextPipeline.load(record)
+        note = pipeline.normalization_note(record)
         if given is not None:
             pipeline = pipeline.with_model_file(given)
         if (pipeline.source_lang, pipeline.target_lang) != (source_lang, target_lang):
@@ -179,7 +182,7 @@ def model_text_pipeline(
                 f"({{describe}})")
     if moses is not None and moses != pipeline.moses_tokenize:
         pipeline = replace(pipeline, moses_tokenize=moses)
-    if note is not None:
+    if note is not None and record is None:
         note = note.format(describe=pipeline.describe())
     return pipeline.open_subword_model(), note
 

@@ -5,6 +5,10 @@ byte-pair encoded for EN-DE, word pieces for EN-FR). A :class:`TextPipeline` hol
 that preparation, so that the recipes' prepare step, the hub's two backends and every export
 encode a raw sentence in exactly one way:
 
+0. a Unicode normalization form, NFC for every pipeline made now (``unicode_normalization``):
+   the same word typed with precomposed letters (``ü``, as most keyboards and corpora give it)
+   or decomposed ones (``u`` + combining diaeresis, as macOS file names and some editors give
+   it) becomes the same characters, hence the same subwords, at training and serving alike;
 1. whitespace made single spaces (:func:`~user_plugin.files.text.single_line`);
 2. Moses punctuation normalization (sacremoses ``MosesPunctNormalizer``, control characters
    removed) when ``normalize_punctuation``;
@@ -15,7 +19,12 @@ encode a raw sentence in exactly one way:
 5. the subword method: subword-nmt BPE codes (``bpe``), a SentencePiece model
    (``sentencepiece``) or none.
 
-Decoding reverses 5 and 4 (subword removal, Moses detokenization).
+Decoding reverses 5 and 4 (subword removal, Moses detokenization), then applies the
+normalization form to the output.
+
+A record written before the normalization form was recorded has none (``None``): its data was
+prepared without one, so text is encoded as typed, as it was then, and
+:meth:`TextPipeline.normalization_note` gives the one line that says so.
 
 The settings are recorded as JSON (:data:`RECORD_NAME`, format :data:`FORMAT`) beside the
 prepared data, with the subword model's file name and sha256; the record travels with the
@@ -30,6 +39,7 @@ import io
 import json
 import os
 import shutil
+import unicodedata
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -47,6 +57,12 @@ RECORD_NAME = "text_pipeline.json"
 FORMAT = "vaswani-text-pipeline/1"
 #: The subword methods.
 SUBWORD_METHODS = ("bpe", "sentencepiece", "none")
+#: The Unicode normalization forms a pipeline may apply ("none": text as typed).
+NORMALIZATION_FORMS = ("NFC", "NFKC", "NFD", "NFKD", "none")
+#: The form of every pipeline made now: canonical composition, which changes no character's
+#: meaning (NFKC would also fold compatibility characters such as ligatures and full-width
+#: letters, which Moses and the subword models keep apart).
+DEFAULT_NORMALIZATION = "NFC"
 #: The file name an export gives the subword model of each method (the hub looks for these
 #: first in a model directory).
 SHIPPED_MODEL_NAMES = {"bpe": "bpecodes", "sentencepiece": "sentencepiece.bpe.model"}
@@ -93,6 +109,7 @@ class TextPipeline:
 
     source_lang: str
     target_lang: str
+    unicode_normalization: str | None = DEFAULT_NORMALIZATION
     normalize_punctuation: bool = True
     moses_tokenize: bool = True
     aggressive_dash_splits: bool = True
@@ -108,18 +125,23 @@ class TextPipeline:
         if self.subword not in SUBWORD_METHODS:
             raise ArtifactError(f"unknown subword method {self.subword!r} "
                                 f"(one of {', '.join(SUBWORD_METHODS)})")
+        if self.unicode_normalization is not None and \
+                self.unicode_normalization not in NORMALIZATION_FORMS:
+            raise ArtifactError(f"unknown Unicode normalization {self.unicode_normalization!r} "
+                                f"(one of {', '.join(NORMALIZATION_FORMS)})")
 
     # -- building -------------------------------------------------------------------------
 
     @classmethod
     def recipe(cls, source_lang: str, target_lang: str, subword: str,
                model_path: str | os.PathLike | None = None) -> TextPipeline:
-        """The recipes' pipeline (recipes/steps/prepare.sh): Moses punctuation normalization,
-        then for BPE Moses tokenization with aggressive dash splits and no escaping;
-        SentencePiece reads the normalized text untokenized. Case is kept."""
+        """The recipes' pipeline (recipes/steps/prepare.sh): NFC, Moses punctuation
+        normalization, then for BPE Moses tokenization with aggressive dash splits and no
+        escaping; SentencePiece reads the normalized text untokenized. Case is kept."""
         path = None if model_path is None else Path(model_path)
         return cls(
-            source_lang, target_lang, normalize_punctuation=True,
+            source_lang, target_lang, unicode_normalization=DEFAULT_NORMALIZATION,
+            normalize_punctuation=True,
             moses_tokenize=subword != "sentencepiece", aggressive_dash_splits=True,
             escape=False, lowercase=False, subword=subword,
             subword_model=None if path is None else path.name,
@@ -187,6 +209,12 @@ class TextPipeline:
             if not isinstance(record.get(name), str):
                 raise ArtifactError(f"{where}: no {name}")
         values = {key: value for key, value in record.items() if key != "format"}
+        # a record without the setting predates it: its text was not normalized
+        values.setdefault("unicode_normalization", None)
+        if not isinstance(values["unicode_normalization"], (str, type(None))):
+            raise ArtifactError(f"{where}: unicode_normalization must be one of "
+                                f"{', '.join(NORMALIZATION_FORMS)}, got "
+                                f"{values['unicode_normalization']!r}")
         for name in ("normalize_punctuation", "moses_tokenize", "aggressive_dash_splits",
                      "escape", "lowercase"):
             if not isinstance(values.get(name, False), bool):
@@ -216,9 +244,27 @@ class TextPipeline:
                                 "names)")
         return pipeline.with_model_file(model)
 
+    def normalization_note(self, where: str | os.PathLike) -> str | None:
+        """The one line to tell the user when this pipeline (read from ``where``) records no
+        Unicode normalization, None otherwise."""
+        if self.unicode_normalization is not None:
+            return None
+        return (f"{where} records no Unicode normalization (written before pipelines "
+                "recorded one): text is encoded as typed, so a sentence typed with decomposed "
+                "accents (NFD) becomes other tokens than the same sentence in NFC; if the "
+                "training text was NFC, add \"unicode_normalization\": \"NFC\" to it")
+
+    @property
+    def normalization_form(self) -> str | None:
+        """The form :func:`unicodedata.normalize` applies, None for none."""
+        form = self.unicode_normalization
+        return None if form in (None, "none") else form
+
     def describe(self) -> str:
         """These settings in a few words, for one log line."""
         steps = []
+        if self.normalization_form is not None:
+            steps.append(f"Unicode {self.normalization_form}")
         if self.normalize_punctuation:
             steps.append("Moses punctuation normalization")
         if self.lowercase:
@@ -262,11 +308,16 @@ class TextPipeline:
             self._tool("bpe" if self.subword == "bpe" else "spm")
         return self
 
+    def normalize_form(self, text: str) -> str:
+        """Step 0: ``text`` in the pipeline's Unicode normalization form."""
+        form = self.normalization_form
+        return text if form is None else unicodedata.normalize(form, text)
+
     def pretokenize(self, sentence: str, target: bool = False) -> str:
-        """Steps 1-4: a raw sentence of the source (or target) side -> the text the subword
+        """Steps 0-4: a raw sentence of the source (or target) side -> the text the subword
         model learns from and splits (the recipes' ``vaswani-prepare-text normalize`` output)."""
         lang = self.target_lang if target else self.source_lang
-        text = single_line(sentence)
+        text = single_line(self.normalize_form(sentence))
         if self.normalize_punctuation:
             text = self._tool(f"normalizer:{lang}").normalize(text)
         if self.lowercase:
@@ -307,7 +358,7 @@ class TextPipeline:
             text = "".join(text.split()).replace("\u2581", " ").strip()
         if self.moses_tokenize:
             text = self._tool(f"detokenizer:{self.target_lang}").detokenize(text.split())
-        return single_line(text)
+        return single_line(self.normalize_form(text))
 
 
 def find_record(*directories: str | os.PathLike | None) -> Path | None:

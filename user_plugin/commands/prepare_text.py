@@ -12,7 +12,8 @@ pipeline; this script provides each stage as a subcommand, streaming and line-al
 * ``sgm-to-text``: the segments of a WMT ``.sgm`` file, one per line;
 * ``spm-train`` / ``spm-encode``: a SentencePiece model and its pieces (the EN-FR word pieces);
 * ``extract-hypotheses``: fairseq-generate's ``H-`` lines in the original sentence order;
-* ``detokenize``: Moses detokenisation of the hypotheses before scoring;
+* ``detokenize``: Moses detokenisation of the hypotheses before scoring (``--subwords``
+  joins BPE or SentencePiece pieces first);
 * ``write-pipeline``: the record of the text pipeline the data was prepared with
   (``text_pipeline.json``, with the subword model's sha256), which travels with the model;
 * ``encode``: raw text -> model tokens by such a record, as the hub and the exports encode it.
@@ -158,8 +159,20 @@ def normalize_lines(lines: Iterable[str], lang: str, tokenize: bool = True,
         yield from map_in_windows(pool, _process_chunk, lines, workers)
 
 
-def detokenize_lines(lines: Iterable[str], lang: str) -> Iterator[str]:
-    """Undo Moses tokenisation (joins ``@-@`` hyphens, re-attaches punctuation)."""
+#: ``detokenize --subwords``: the subword methods whose pieces can be joined first.
+SUBWORD_CHOICES = ("none", "bpe", "sentencepiece")
+
+
+def detokenize_lines(lines: Iterable[str], lang: str, subwords: str = "none") -> Iterator[str]:
+    """Undo Moses tokenisation (joins ``@-@`` hyphens, re-attaches punctuation). With
+    ``subwords`` ``bpe`` or ``sentencepiece``, the subword pieces are joined first, as the
+    recipes' text pipeline decodes a model's output (:meth:`TextPipeline.decode`: BPE text is
+    then Moses-detokenized; SentencePiece text was never Moses-tokenized and is only joined)."""
+    if subwords != "none":
+        pipeline = TextPipeline.recipe(lang, lang, subwords)
+        for line in lines:
+            yield pipeline.decode(line)
+        return
     from sacremoses import MosesDetokenizer
 
     detokenizer = MosesDetokenizer(lang=lang)
@@ -221,10 +234,14 @@ def sgm_segments(lines: Iterable[str]) -> Iterator[str]:
 
 def parse_hypotheses(lines: Iterable[str], expected: int) -> list[str]:
     """The best hypothesis of each sentence from fairseq-generate's ``H-<id>\\t<score>\\t<text>``
-    lines, in the order of the ids ``0..expected-1``; an error when any id is missing."""
+    lines, in the order of the ids ``0..expected-1``; an error when any id is missing. Output
+    without ``H-`` lines (``grep '^D-'`` of a log) is read from its ``D-`` lines (the
+    detokenized hypotheses, same layout)."""
+    lines = list(lines)
+    kind = "H-" if any(line.startswith("H-") for line in lines) else "D-"
     by_id: dict[int, str] = {}
     for line in lines:
-        if not line.startswith("H-"):
+        if not line.startswith(kind):
             continue
         fields = line.split("\t")
         try:
@@ -323,9 +340,10 @@ def cmd_normalize(args: argparse.Namespace) -> int:
 
 
 def cmd_detokenize(args: argparse.Namespace) -> int:
-    written = write_lines(args.output, detokenize_lines(iter_lines(args.input), args.lang),
-                          [args.input])
-    print(f"detokenised {written} lines: {args.input} -> {args.output}", file=sys.stderr)
+    written = write_lines(args.output, detokenize_lines(iter_lines(args.input), args.lang,
+                                                       args.subwords), [args.input])
+    joined = "" if args.subwords == "none" else f" ({args.subwords} pieces joined)"
+    print(f"detokenised {written} lines{joined}: {args.input} -> {args.output}", file=sys.stderr)
     return 0
 
 
@@ -414,6 +432,9 @@ def cmd_write_pipeline(args: argparse.Namespace) -> int:
 
 def cmd_encode(args: argparse.Namespace) -> int:
     pipeline = TextPipeline.load(args.pipeline)
+    note = pipeline.normalization_note(args.pipeline)
+    if note is not None:
+        print(note, file=sys.stderr)
     written = write_lines(args.output, pipeline.encode_lines(iter_lines(args.input),
                                                              target=args.target))
     print(f"encoded {written} lines ({pipeline.describe()}): {args.input} -> {args.output}",
@@ -436,6 +457,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("detokenize", help="Moses detokenisation")
     p.add_argument("--lang", required=True)
+    p.add_argument("--subwords", choices=SUBWORD_CHOICES, default="none",
+                   help="join these subword pieces first: bpe ('@@ ' joiners, then Moses "
+                   "detokenisation) or sentencepiece ('\u2581' pieces, joined only)")
     p.add_argument("input", type=Path)
     p.add_argument("output", type=Path)
     p.set_defaults(func=cmd_detokenize)

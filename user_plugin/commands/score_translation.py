@@ -18,6 +18,14 @@ steps in Python for both sides:
 It also reports sacreBLEU on the detokenized text, with its signature, the number to compare
 across papers (typically 0.5-1.5 lower than the tokenized one).
 
+Both files are compared in Unicode NFC (the same text typed with decomposed accents scores as
+its precomposed form). Files that are not text to score are refused in one line that names the
+command making them so: hypotheses that are still fairseq-generate output lines (any line
+``H-12<TAB>-0.35<TAB>...``, or ``S-``, ``T-``, ``D-``, ``P-``...: no translation starts with a
+kind letter, an id and a tab, and the hub and ``vaswani-prepare-text`` never write tabs), and
+files where a tenth or more of the non-empty lines hold subword pieces (``@@ `` joiners,
+SentencePiece's ``\u2581``).
+
     vaswani-score --hyp hyp.detok.de --ref newstest2014.de \\
         --target-lang de [--no-compound-split] [--output-json bleu.json]
 """
@@ -28,7 +36,9 @@ import argparse
 import json
 import logging
 import re
+import shlex
 import sys
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -50,6 +60,18 @@ COMPOUND_HYPHEN = re.compile(r"(\S)-(\S)", re.ASCII)
 #: ``multi-bleu.perl`` splits lines into tokens at (ASCII) whitespace.
 WHITESPACE = re.compile(r"\s+", re.ASCII)
 MAX_ORDER = 4
+#: A line of fairseq-generate's output: a kind letter (S source, T target, H hypothesis,
+#: D detokenized hypothesis, P positional scores, A alignment, C constraint, E steps,
+#: I iterations, W time), the sentence id, a tab.
+GENERATE_LINE = re.compile(r"^[STHDPACEIW]-\d+\t")
+#: subword-nmt's joiner: ``@@`` ending a piece, before a space or at the end of the line.
+BPE_JOINER = re.compile(r"\S@@(?: |$)")
+#: SentencePiece's word-start mark (U+2581).
+SENTENCEPIECE_MARK = "\u2581"
+#: The share of a file's non-empty lines that must hold subword pieces for it to be refused as
+#: subword text: in BPE or SentencePiece output most lines have a split word, while real text
+#: may hold an odd ``@@`` (an address, a handle) on a line here and there.
+SUBWORD_SHARE = 0.1
 
 
 def split_compounds(line: str) -> str:
@@ -144,15 +166,82 @@ def sacrebleu_score(hypotheses: Sequence[str], references: Sequence[str],
 def sentences(path: Path) -> list[str]:
     """The lines of ``path`` by the line rule, without a byte-order mark at the start of the
     file or of any line (files joined with ``cat`` keep each one's mark): a mark is not text,
-    and glued to the first word it would make that word differ from the hypothesis'."""
-    return [line.removeprefix(BYTE_ORDER_MARK) for line in iter_lines(path)]
+    and glued to the first word it would make that word differ from the hypothesis'. Lines are
+    compared in Unicode NFC: a word typed with decomposed accents (NFD, as macOS gives it) is
+    the same word as its precomposed form, and scored so."""
+    return [unicodedata.normalize("NFC", line.removeprefix(BYTE_ORDER_MARK))
+            for line in iter_lines(path)]
 
 
-def read_pair(hyp: Path, ref: Path) -> tuple[list[str], list[str]]:
-    """Hypothesis and reference lines, refusing files whose line counts differ. Only LF ends a
-    line (the project's rule, that of ``wc -l`` and the recipes' checks): a stray CR, form
-    feed, NEL or U+2028 inside a sentence stays in it, so line N of both files stays a pair."""
+def generate_lines(lines: Sequence[str]) -> list[str]:
+    """The lines that are fairseq-generate output lines (``H-12\\t-0.35\\t...``)."""
+    return [line for line in lines if GENERATE_LINE.match(line)]
+
+
+def subword_lines(lines: Sequence[str]) -> tuple[str, int] | None:
+    """``(method, count)`` when at least :data:`SUBWORD_SHARE` of the non-empty ``lines`` hold
+    subword pieces (BPE joiners ``@@ ``, SentencePiece's ``\u2581``), None otherwise."""
+    filled = [line for line in lines if line.strip()]
+    for method, test in (("bpe", BPE_JOINER.search),
+                         ("sentencepiece", lambda line: SENTENCEPIECE_MARK in line)):
+        count = sum(1 for line in filled if test(line))
+        if count and count >= SUBWORD_SHARE * len(filled):
+            return method, count
+    return None
+
+
+def not_a_translation(path: Path, lines: Sequence[str], lang: str, expected: int,
+                      reference: bool = False) -> str | None:
+    """Why the lines of ``path`` are not text to score (fairseq-generate output lines, subword
+    pieces), with the command that makes them so, or None. ``expected`` is the number of
+    sentences (the reference's lines)."""
+    q = shlex.quote
+    logged = generate_lines(lines)
+    if logged:
+        what = (f"{path}: {len(logged)} of {len(lines)} lines are fairseq-generate output "
+                f"lines ({logged[0][:24]!r}...), not ")
+        if reference:
+            return what + "a reference; give the reference text"
+        extracted = Path(f"{path}.hyp")
+        detokenized = Path(f"{path}.detok")
+        texts = [line.split("\t", 2)[-1] for line in logged if line[:2] in ("H-", "D-")]
+        pieces = subword_lines(texts)
+        subwords = f" --subwords {pieces[0]}" if pieces else ""
+        if not texts:
+            return (what + "translations, and no H- line (hypothesis) among them: take the "
+                    "hypotheses out of the whole fairseq-generate output with "
+                    f"'vaswani-prepare-text extract-hypotheses --expected {expected} "
+                    f"GENERATE_OUTPUT {q(str(extracted))}', then detokenize them")
+        return (what + "translations: take the hypotheses out in source order and detokenize "
+                f"them with 'vaswani-prepare-text extract-hypotheses --expected {expected} "
+                f"{q(str(path))} {q(str(extracted))} && vaswani-prepare-text detokenize --lang "
+                f"{q(lang)}{subwords} {q(str(extracted))} {q(str(detokenized))}', then score "
+                f"{detokenized}")
+    pieces = subword_lines(lines)
+    if pieces is None:
+        return None
+    method, count = pieces
+    mark = "BPE joiners ('@@ ')" if method == "bpe" else "SentencePiece pieces ('\u2581')"
+    what = f"{path}: {count} of {len(lines)} lines hold {mark}: subword pieces, not "
+    if reference:
+        return what + "a reference; give the raw (detokenized) reference text"
+    detokenized = Path(f"{path}.detok")
+    return (what + "text; join them with 'vaswani-prepare-text detokenize --lang "
+            f"{q(lang)} --subwords {method} {q(str(path))} {q(str(detokenized))}', then score "
+            f"{detokenized}")
+
+
+def read_pair(hyp: Path, ref: Path, lang: str = "") -> tuple[list[str], list[str]]:
+    """Hypothesis and reference lines, refusing files whose line counts differ, and files that
+    still hold fairseq-generate output lines or subword pieces (:func:`not_a_translation`).
+    Only LF ends a line (the project's rule, that of ``wc -l`` and the recipes' checks): a
+    stray CR, form feed, NEL or U+2028 inside a sentence stays in it, so line N of both files
+    stays a pair."""
     hypotheses, references = sentences(hyp), sentences(ref)
+    for path, lines, reference in ((hyp, hypotheses, False), (ref, references, True)):
+        problem = not_a_translation(path, lines, lang or "LANG", len(references), reference)
+        if problem is not None:
+            raise UserError(problem)
     if len(hypotheses) != len(references):
         raise UserError(f"line counts differ: {hyp} has {len(hypotheses)} lines, {ref} has "
                         f"{len(references)}")
@@ -164,7 +253,7 @@ def read_pair(hyp: Path, ref: Path) -> tuple[list[str], list[str]]:
 def score_files(hyp: Path, ref: Path, lang: str,
                 compound_split: bool = True) -> tuple[BleuResult, BleuResult, dict]:
     """Tokenized BLEU and sacreBLEU of a hypothesis file, and both as a JSON-ready dict."""
-    hypotheses, references = read_pair(hyp, ref)
+    hypotheses, references = read_pair(hyp, ref, lang)
     tokenized = tokenized_bleu(hypotheses, references, lang, compound_split)
     sacre, signature = sacrebleu_score(hypotheses, references, lang)
     report = {

@@ -34,8 +34,10 @@ registrations go into fairseq's registries.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -55,11 +57,16 @@ class Replacement:
     ``target`` is ``"module:attribute.path"`` (``"fairseq.trainer:Trainer.train_step"``).
     ``new`` is ``"module:name"`` of the replacement; with ``wraps`` it is called with fairseq's
     original and returns the replacement, otherwise it is the replacement itself.
+    ``where_loaded``: the target's module is never imported for the patch, only patched where
+    it already runs (a ``fairseq_cli`` command's own module, which ``python -m`` runs as
+    ``__main__``, loads the plugin from its ``main``); elsewhere the patch has nothing to
+    replace. ``fairseq_cli`` modules configure logging to standard output when imported.
     """
 
     target: str
     new: str
     wraps: bool = True
+    where_loaded: bool = False
 
     @property
     def dotted(self) -> str:
@@ -78,8 +85,9 @@ class Patch:
     checked: Tuple[str, ...] = FAIRSEQ_0_12
 
 
-def _one(target: str, new: str, wraps: bool = True) -> Tuple[Replacement, ...]:
-    return (Replacement(target, new, wraps),)
+def _one(target: str, new: str, wraps: bool = True,
+         where_loaded: bool = False) -> Tuple[Replacement, ...]:
+    return (Replacement(target, new, wraps, where_loaded),)
 
 
 _CHECKPOINTS = "fairseq.checkpoint_utils"
@@ -211,6 +219,14 @@ PATCHES: Tuple[Patch, ...] = (
         "--no-repeat-ngram-size blocked nothing on a CPU (it compared n-grams with the padding "
         "at the end of the token buffer)",
     ),
+    Patch(
+        "interactive_empty_source",
+        _one("fairseq_cli.interactive:buffered_read", f"{_DECODING}:buffered_read_keeping_fields",
+             wraps=False, where_loaded=True),
+        "fairseq-interactive --constraints stripped the tab of a line '<TAB>Hund' (an empty "
+        "source), so the constraint became the source and no constraint applied; the leading "
+        "tab is kept, and the paper's task refuses an empty source with constraints",
+    ),
 )
 
 #: name -> patch
@@ -245,10 +261,24 @@ def fairseq_version() -> str:
     return str(getattr(fairseq, "__version__", "unknown"))
 
 
-def _owner_and_attribute(target: str) -> Tuple[Any, str]:
-    """The object holding ``target``'s attribute, and the attribute's name."""
+def _loaded_module(name: str) -> Any:
+    """The module ``name`` where it is loaded: imported under its name, or run by ``python -m``
+    as ``__main__``; None when neither."""
+    if name in sys.modules:
+        return sys.modules[name]
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    return main if spec is not None and spec.name == name else None
+
+
+def _owner_and_attribute(target: str, where_loaded: bool = False) -> Tuple[Any, str]:
+    """The object holding ``target``'s attribute, and the attribute's name; with
+    ``where_loaded`` the owner is None when the target's module is not loaded."""
     module_name, _, path = target.partition(":")
-    owner: Any = importlib.import_module(module_name)
+    owner: Any = _loaded_module(module_name) if where_loaded \
+        else importlib.import_module(module_name)
+    if owner is None:
+        return None, path.split(".")[-1]
     *parents, attribute = path.split(".")
     for parent in parents:
         owner = getattr(owner, parent)
@@ -262,6 +292,9 @@ def _resolve(reference: str) -> Any:
 
 def target_exists(replacement: Replacement) -> bool:
     """Whether fairseq (this version) has the attribute ``replacement`` replaces."""
+    if replacement.where_loaded:
+        module = replacement.target.partition(":")[0]
+        return importlib.util.find_spec(module.split(".")[0]) is not None
     try:
         owner, attribute = _owner_and_attribute(replacement.target)
     except (ImportError, AttributeError):
@@ -282,7 +315,9 @@ def installed() -> Tuple[str, ...]:
 def _install_patch(patch: Patch) -> None:
     done: List[Tuple[Any, str, Any, bool]] = []
     for replacement in patch.replaces:
-        owner, attribute = _owner_and_attribute(replacement.target)
+        owner, attribute = _owner_and_attribute(replacement.target, replacement.where_loaded)
+        if owner is None or not hasattr(owner, attribute):
+            continue  # a command module not running in this process: nothing to replace
         # a class may inherit the attribute: then removing ours restores the inherited one
         own = not isinstance(owner, type) or attribute in vars(owner)
         original = vars(owner)[attribute] if isinstance(owner, type) and own \

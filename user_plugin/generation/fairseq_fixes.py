@@ -144,3 +144,30 @@ def blocking_repeated_ngrams_so_far(no_repeat_ngram):
         return no_repeat_ngram(self, tokens[:, : step + 1], lprobs, bsz, beam_size, step)
 
     return block_repeated_ngrams
+
+
+def strip_keeping_an_empty_source(line: str) -> str:
+    """``line`` without its line end and surrounding whitespace, but with a leading tab kept:
+    under ``--constraints`` a line is ``source<TAB>constraint...``, and a line starting with
+    a tab has an empty source (fairseq's ``str.strip`` made its first constraint the source)."""
+    stripped = line.rstrip()
+    start = len(stripped) - len(stripped.lstrip())
+    tab = stripped.find("\t", 0, start)
+    return stripped[tab:] if tab >= 0 else stripped[start:]
+
+
+def buffered_read_keeping_fields(input, buffer_size):
+    """``fairseq_cli.interactive.buffered_read``: the lines of ``input`` (a file, or ``-`` for
+    standard input) in lists of ``buffer_size``, each stripped by
+    :func:`strip_keeping_an_empty_source` instead of ``str.strip``."""
+    import fileinput
+
+    buffer = []
+    with fileinput.input(files=[input], openhook=fileinput.hook_encoded("utf-8")) as lines:
+        for line in lines:
+            buffer.append(strip_keeping_an_empty_source(line))
+            if len(buffer) >= buffer_size:
+                yield buffer
+                buffer = []
+    if buffer:
+        yield buffer

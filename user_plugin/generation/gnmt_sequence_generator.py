@@ -69,6 +69,35 @@ def fairseq_length_penalty(length: int, alpha: float) -> float:
     return float(length) ** alpha
 
 
+def penalty_function(form: str):
+    """The length penalty of ``form`` (one of :data:`LENGTH_PENALTY_FORMS`)."""
+    if form not in LENGTH_PENALTY_FORMS:
+        raise ValueError(f"length_penalty_form must be one of {LENGTH_PENALTY_FORMS}, "
+                         f"got {form!r}")
+    return gnmt_length_penalty if form == "gnmt" else fairseq_length_penalty
+
+
+def output_limit(source_tokens, max_len_over_source: int, max_positions: int | None,
+                 min_len: int = 1):
+    """The most tokens an output may hold before its EOS, the one definition both backends
+    of the hub (and fairseq's command lines under our task) decode by.
+
+    The paper's limit (§6.1) is the source length (tokens after subwords, without the source
+    EOS) + ``max_len_over_source``; it is at least ``min_len`` (the shortest output allowed)
+    and at most ``max_positions - 1``: the decoder reads BOS and every output token but the
+    last, so ``max_positions - 1`` tokens and their EOS fill its positions (fairseq's
+    ``SequenceGenerator`` caps its ``max_len`` there too). The EOS comes after the limit's
+    tokens: an output at the limit holds ``limit + 1`` tokens with EOS. ``source_tokens`` is
+    an int, or a tensor of per-sentence counts (then so is the result); ``max_positions``
+    None means no cap.
+    """
+    if isinstance(source_tokens, Tensor):
+        limit = (source_tokens + max_len_over_source).clamp(min=min_len)
+        return limit if max_positions is None else limit.clamp(max=max_positions - 1)
+    limit = max(int(source_tokens) + max_len_over_source, min_len)
+    return limit if max_positions is None else min(limit, max_positions - 1)
+
+
 def source_lengths_without_eos(src_tokens: Tensor, pad: int, eos: int) -> Tensor:
     """Number of real source tokens per row: neither padding nor EOS."""
     return (src_tokens.ne(pad) & src_tokens.ne(eos)).long().sum(dim=1)
@@ -104,23 +133,25 @@ class SourceLengthCappedEnsemble(EnsembleModel):
         # The constrained search whose per-hypothesis states follow the decoder's rows.
         self.constraint_search: LexicallyConstrainedBeamSearch | None = None
 
-    def output_limits(self, src_tokens: Tensor) -> Tensor:
-        """The maximum number of output tokens (EOS excluded) of each source row."""
+    def output_limits(self, src_tokens: Tensor, max_positions: int | None = None) -> Tensor:
+        """The maximum number of output tokens (EOS excluded) of each source row
+        (:func:`output_limit`), at least its forced tokens, within ``max_positions``."""
         lengths = source_lengths_without_eos(src_tokens, self.source_pad, self.source_eos)
-        limits = (lengths + self.max_len_over_source).clamp(min=self.min_output_len)
+        limits = output_limit(lengths, self.max_len_over_source, None, self.min_output_len)
         if self.forced_lengths is not None:
             limits = torch.maximum(limits, self.forced_lengths.to(limits.device))
-        return limits
+        return limits if max_positions is None else limits.clamp(max=max_positions - 1)
 
     def forward_encoder(self, net_input: dict[str, Tensor]):
-        self.row_limits = self.output_limits(net_input["src_tokens"])
-        positions_cap = self.max_decoder_positions() - 2
-        longest = int(self.row_limits.max()) if self.row_limits.numel() else 0
-        if longest > positions_cap:
+        positions = self.max_decoder_positions()
+        uncapped = self.output_limits(net_input["src_tokens"])
+        self.row_limits = uncapped.clamp(max=positions - 1)
+        longest = int(uncapped.max()) if uncapped.numel() else 0
+        if longest > positions - 1:
             logger.warning(
                 "per-sentence output limit %d exceeds what the decoder positions allow (%d): "
                 "the model's --max-target-positions binds for the longest sentences",
-                longest, positions_cap,
+                longest, positions - 1,
             )
         return super().forward_encoder(net_input)
 
@@ -173,8 +204,9 @@ class GNMTSequenceGenerator(SequenceGenerator):
         length_penalty_form: ``"gnmt"`` divides by ``((5 + |Y|) / 6) ** alpha`` (the paper);
             ``"fairseq"`` by ``|Y| ** alpha`` (fairseq's ``--lenpen``).
         max_len_over_source: ``N >= 0``: each sentence outputs at most its own source length
-            (tokens, no EOS) + N tokens; the batch-wide ``max_len_a``/``max_len_b`` are then set
-            to ``1``/``N`` (padded width + N), which never binds below any sentence's own limit.
+            (tokens, no EOS) + N tokens (:func:`output_limit`); the batch-wide
+            ``max_len_a``/``max_len_b`` are then set to ``1``/``max(N, min_len)`` (padded width
+            + N), which never binds below any sentence's own limit.
             ``N < 0`` turns the per-sentence limit off and keeps fairseq's ``max_len_a``/``b``.
         stop_rule: ``"beam-full"`` (fairseq's) or ``"no-better"`` (tensor2tensor's); see the
             module's docstring.
@@ -228,7 +260,8 @@ class GNMTSequenceGenerator(SequenceGenerator):
                 "never binds first", max_len_over_source, max_len_over_source,
                 self.max_len_a, self.max_len_b,
             )
-            self.max_len_a, self.max_len_b = 1, max_len_over_source
+            # the batch-wide cap never binds below a sentence's limit, --min-len included
+            self.max_len_a, self.max_len_b = 1, max(max_len_over_source, self.min_len)
 
     def _generate(self, sample, prefix_tokens: Tensor | None = None,
                   constraints: Tensor | None = None, bos_token: int | None = None):

@@ -26,8 +26,9 @@ import warnings
 from collections.abc import Sequence
 from typing import IO
 
-from ..files.errors import UserError, file_error, finite_float, int_at_least
+from ..files.errors import UserError, file_error
 from ..files.text import BYTE_ORDER_MARK, decode_lines, split_lines
+from ..generation.decoding_options import option_type
 from .loader import load_translator
 
 
@@ -51,20 +52,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--target-lang")
     parser.add_argument("--bpe-codes")
     parser.add_argument("--sentencepiece-model")
-    parser.add_argument("--beam", type=int_at_least(1), default=4)
-    parser.add_argument("--lenpen", type=finite_float, default=0.6)
-    parser.add_argument("--nbest", type=int_at_least(1), default=1)
-    parser.add_argument("--batch-size", type=int_at_least(1), default=64)
+    parser.add_argument("--beam", type=option_type("beam"), default=4)
+    parser.add_argument("--lenpen", type=option_type("lenpen"), default=0.6,
+                        help="alpha of the GNMT length penalty, from 0 to 10")
+    parser.add_argument("--nbest", type=option_type("nbest"), default=1)
+    parser.add_argument("--batch-size", type=option_type("batch_size"), default=64)
     parser.add_argument("--constraints", nargs="?", const="ordered",
                         choices=("ordered", "unordered"),
                         help="input lines are source<TAB>phrase<TAB>...; the translation "
                         "contains every phrase (in order unless 'unordered')")
     parser.add_argument("--sampling", action="store_true",
                         help="sample --nbest translations instead of beam search")
-    parser.add_argument("--sampling-topk", type=int, default=-1)
-    parser.add_argument("--sampling-topp", type=finite_float, default=-1.0)
-    parser.add_argument("--temperature", type=finite_float, default=1.0)
-    parser.add_argument("--seed", type=int, help="makes sampling repeatable")
+    parser.add_argument("--sampling-topk", type=option_type("sampling_topk"), default=-1)
+    parser.add_argument("--sampling-topp", type=option_type("sampling_topp"), default=-1.0)
+    parser.add_argument("--temperature", type=option_type("temperature"), default=1.0)
+    parser.add_argument("--seed", type=option_type("seed"), help="makes sampling repeatable")
     parser.add_argument("--backend", choices=("fairseq", "ctranslate2"), default="fairseq",
                         help="ctranslate2: MODEL_DIR is an export of python -m "
                         "user_plugin.export --to ctranslate2")
@@ -73,9 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "pipeline's tokens, <unk> for those outside the vocabulary) instead of "
                         "translating")
     args = parser.parse_args(argv)
-    if args.sampling_topp != -1 and not 0 < args.sampling_topp <= 1:
-        parser.error(f"argument --sampling-topp: must be in (0, 1], or -1 for none; got "
-                     f"{args.sampling_topp}")
+    if args.nbest > args.beam and not args.sampling:
+        parser.error(f"argument --nbest: must be at most --beam {args.beam} (the hypotheses "
+                     f"a search keeps), got {args.nbest}")
     # stderr carries warnings and errors only: fairseq sets up logging at INFO when imported,
     # and its batch iterator asks for pinned memory, which torch warns about on a CPU
     logging.getLogger().setLevel(logging.WARNING)

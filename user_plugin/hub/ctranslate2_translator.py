@@ -19,14 +19,22 @@ length limit differ, and are made the paper's here:
   ``log P / ((5 + |Y|) / 6) ** alpha`` (or fairseq's form on request). The search never reads
   the penalty except to stop: with ``lp = 0`` CTranslate2 stops at the first finished top beam,
   so a tiny ``lp`` (:data:`NO_PENALTY`) stands for alpha 0.
-* **Length limit.** ``max_decoding_length`` applies to a whole call; the paper's limit is each
-  sentence's own source length + 50. Sentences are therefore batched by source length, each
-  batch with its own limit (``source tokens + N`` tokens, then EOS).
+* **Length limit.** Both backends decode by one definition of the limit,
+  :func:`~user_plugin.generation.gnmt_sequence_generator.output_limit`: at most the source's
+  tokens + 50 before the EOS, within the decoder's positions. ``max_decoding_length`` applies
+  to a whole call, so sentences are batched by source length, each batch with its own limit.
+  CTranslate2 counts every token it generates, EOS included, and ends a hypothesis that reaches
+  ``max_decoding_length`` with its last token, where fairseq's search forces the EOS after the
+  limit's tokens (with its model log-probability). ``max_decoding_length`` is therefore the
+  limit itself, and a hypothesis that ends without EOS gets its EOS here: CTranslate2 scores it
+  (``score_batch``) and its log-probability is added, so that both backends return the same
+  tokens, lengths and scores at the limit.
 
 What remains different from our fairseq decoder (docs/export.md measures how often it matters):
 when more hypotheses finish at one step than the beam has room for, CTranslate2 keeps the best
-by its ``|Y| ** lp`` score where fairseq keeps the best raw ones; a sentence that reaches its
-limit ends with the limit's last token where fairseq forces EOS; EOS is impossible at the first
+by its ``|Y| ** lp`` score where fairseq keeps the best raw ones (at the limit too: fairseq
+finishes every live hypothesis with its forced EOS, CTranslate2 the ``beam`` best
+candidates of the last step); EOS is impossible at the first
 step in both, but CTranslate2 renormalizes without it where fairseq keeps the other
 probabilities as they are (every hypothesis of a sentence shifts by the same
 ``-log(1 - P(EOS first))``, so rankings do not change); and float rounding differs, which flips
@@ -51,10 +59,14 @@ from ..artifacts.ctranslate2_layout import (
 from ..artifacts.model_files import model_text_pipeline
 from ..artifacts.text_pipeline import RECORD_NAME, TextPipeline
 from ..files.errors import first_line
+from ..generation.decoding_options import (
+    DecodingOptionError,
+    check_values,
+    penalty_overflow_problem,
+)
 from ..generation.gnmt_sequence_generator import (
-    LENGTH_PENALTY_FORMS,
-    fairseq_length_penalty,
-    gnmt_length_penalty,
+    output_limit,
+    penalty_function,
 )
 from .errors import HubError
 from .translator import TextTranslator
@@ -64,6 +76,11 @@ logger = logging.getLogger(__name__)
 #: CTranslate2's length penalty used for alpha = 0: any non-zero value keeps fairseq's rule of
 #: stopping once ``beam`` hypotheses have finished; the raw scores are recovered exactly.
 NO_PENALTY = 1e-6
+#: The shortest output (``--min-len``, CTranslate2's ``min_decoding_length``): EOS is not
+#: allowed as the first token, as in the fairseq backend.
+MIN_LEN = 1
+#: CTranslate2's end token (the EOS of fairseq's dictionaries).
+EOS = "</s>"
 
 
 #: The fairseq backend's decoding keywords at their "not asked for" values.
@@ -74,17 +91,24 @@ FAIRSEQ_ONLY_DEFAULTS: dict[str, Any] = {
 
 
 def rerank(tokens: Sequence[Sequence[str]], scores: Sequence[float], engine_lp: float,
-           alpha: float, form: str) -> list[dict]:
+           alpha: float, form: str,
+           eos_log_probs: Sequence[float | None] | None = None) -> list[dict]:
     """CTranslate2's hypotheses (with EOS) ranked by the length penalty ``form`` with
     ``alpha``: dicts ``tokens`` (a string, without EOS), ``score`` (normalized), ``raw_score``
     (``log P(Y|X)``) and ``length`` (``|Y|`` with EOS), best first. ``engine_lp`` is the penalty
-    CTranslate2 divided ``scores`` by."""
-    penalty = gnmt_length_penalty if form == "gnmt" else fairseq_length_penalty
+    CTranslate2 divided ``scores`` by. ``eos_log_probs`` gives, for a hypothesis that stopped
+    at the length limit without EOS, the log-probability of the EOS that ends it (None for the
+    others): it is added to the raw score and counted in ``|Y|``, as fairseq's forced EOS."""
+    penalty = penalty_function(form)
     ranked = []
-    for hypothesis, score in zip(tokens, scores):
+    for index, (hypothesis, score) in enumerate(zip(tokens, scores)):
         length = len(hypothesis)
         raw = score * length ** engine_lp
-        words = list(hypothesis[:-1]) if hypothesis and hypothesis[-1] == "</s>" else hypothesis
+        ended = bool(hypothesis) and hypothesis[-1] == EOS
+        words = list(hypothesis[:-1]) if ended else list(hypothesis)
+        eos = None if eos_log_probs is None else eos_log_probs[index]
+        if eos is not None and not ended:
+            raw, length = raw + eos, length + 1
         # an empty source translates to an empty hypothesis (no EOS, nothing to normalize)
         score = raw / penalty(length, alpha) if length else raw
         ranked.append({"tokens": " ".join(words), "score": score, "raw_score": raw,
@@ -100,9 +124,9 @@ class CTranslate2Translator(TextTranslator):
     def __init__(self, translator, codec: TextPipeline, manifest: dict, beam: int = 4,
                  lenpen: float = 0.6, length_penalty_form: str = "gnmt",
                  max_len_over_source: int = 50, batch_size: int = 64) -> None:
-        if length_penalty_form not in LENGTH_PENALTY_FORMS:
-            raise ValueError(f"length_penalty_form must be one of {LENGTH_PENALTY_FORMS}, "
-                             f"got {length_penalty_form!r}")
+        penalty_function(length_penalty_form)
+        check_values(beam=beam, lenpen=lenpen, batch_size=batch_size,
+                     max_len_over_source=max_len_over_source)
         if max_len_over_source < 0:
             raise ValueError("the ctranslate2 backend needs a per-sentence limit: "
                              f"max_len_over_source >= 0, got {max_len_over_source}")
@@ -125,9 +149,12 @@ class CTranslate2Translator(TextTranslator):
         raise HubError(f"{directory}: no source vocabulary file")
 
     def output_limit(self, source_tokens: int) -> int:
-        """CTranslate2's ``max_decoding_length`` for a source of ``source_tokens`` tokens (no
-        EOS): the limit's tokens and the EOS after them, within the decoder's positions."""
-        return min(source_tokens + self.max_len_over_source + 1, self.max_target_tokens)
+        """The most tokens before EOS of the output of a source of ``source_tokens`` tokens (no
+        EOS): :func:`~user_plugin.generation.gnmt_sequence_generator.output_limit`, as the
+        fairseq backend counts it. It is CTranslate2's ``max_decoding_length``: an output
+        that ends at the limit without EOS gets its EOS in :meth:`_decode`."""
+        return output_limit(source_tokens, self.max_len_over_source, self.max_target_tokens,
+                            MIN_LEN)
 
     def translate_tokens(
         self, lines: Sequence[str], nbest: int = 1, beam: int | None = None,
@@ -150,8 +177,15 @@ class CTranslate2Translator(TextTranslator):
             )
         beam = self.beam if beam is None else beam
         alpha = self.lenpen if lenpen is None else lenpen
-        if not 1 <= nbest <= beam:
-            raise ValueError(f"nbest must be between 1 and the beam size {beam}, got {nbest}")
+        check_values(beam=beam, nbest=nbest, lenpen=alpha)
+        if nbest > beam:
+            raise DecodingOptionError(f"--nbest: must be between 1 and --beam {beam} (the "
+                                      f"hypotheses a search keeps), got {nbest}")
+        # CTranslate2 divides by |Y| ** alpha itself, whichever form re-ranks afterwards
+        problem = penalty_overflow_problem(alpha, self.max_target_tokens,
+                                           ("fairseq", self.length_penalty_form))
+        if problem is not None:
+            raise DecodingOptionError(problem)
         sources = [line.split() for line in lines]
         for number, source in enumerate(sources, start=1):
             if len(source) + 1 > self.max_source_tokens:
@@ -168,22 +202,28 @@ class CTranslate2Translator(TextTranslator):
             for start in range(0, len(indices), self.batch_size):
                 chunk = indices[start: start + self.batch_size]
                 hypotheses = self._decode([sources[i] for i in chunk], length, beam, engine_lp)
-                for index, output in zip(chunk, hypotheses):
-                    ranked = rerank(output.hypotheses, output.scores, engine_lp, alpha,
-                                    self.length_penalty_form)
+                for index, (tokens, scores, eos) in zip(chunk, hypotheses):
+                    ranked = rerank(tokens, scores, engine_lp, alpha, self.length_penalty_form,
+                                    eos)
                     results[index] = ranked[:nbest]
         return results
 
-    def _decode(self, sources: list[list[str]], length: int, beam: int, engine_lp: float):
-        """CTranslate2's beam search over ``sources`` (all of ``length`` tokens) with the beam's
-        hypotheses, EOS and scores. fairseq never extends a hypothesis with padding but keeps
-        the other probabilities as they are; CTranslate2 can only suppress a token by
-        renormalizing without it, which shifts the scores. Sentences are decoded without
-        suppression, and only those where padding made it into a hypothesis (a model that
-        gives padding real probability) are decoded again with padding suppressed."""
+    def _decode(self, sources: list[list[str]], length: int, beam: int, engine_lp: float
+                ) -> list[tuple[list[list[str]], list[float], list[float | None]]]:
+        """CTranslate2's beam search over ``sources`` (all of ``length`` tokens): per sentence,
+        the beam's hypotheses (tokens, EOS included where they end with it), CTranslate2's
+        scores, and for each hypothesis that reached the length limit without EOS the
+        log-probability of that EOS (None for the others; see :func:`rerank`).
+
+        fairseq never extends a hypothesis with padding but keeps the other probabilities as
+        they are; CTranslate2 can only suppress a token by renormalizing without it, which
+        shifts the scores. Sentences are decoded without suppression, and only those where
+        padding made it into a hypothesis (a model that gives padding real probability) are
+        decoded again with padding suppressed."""
         options = dict(beam_size=beam, num_hypotheses=beam, length_penalty=engine_lp,
                        return_scores=True, return_end_token=True, max_input_length=0,
-                       max_decoding_length=self.output_limit(length), min_decoding_length=1)
+                       max_decoding_length=self.output_limit(length),
+                       min_decoding_length=MIN_LEN)
         outputs = self.translator.translate_batch(sources, **options)
         padded = [i for i, output in enumerate(outputs)
                   if any(CT2_PAD in hypothesis for hypothesis in output.hypotheses)]
@@ -192,7 +232,26 @@ class CTranslate2Translator(TextTranslator):
                                                     suppress_sequences=[[CT2_PAD]], **options)
             for i, output in zip(padded, again):
                 outputs[i] = output
-        return outputs
+        decoded = [(list(output.hypotheses), list(output.scores), [None] * len(output.scores))
+                   for output in outputs]
+        self._score_forced_eos(sources, decoded)
+        return decoded
+
+    def _score_forced_eos(self, sources: list[list[str]], decoded: list) -> None:
+        """Fill in the EOS log-probability of every hypothesis of ``decoded`` that stopped at
+        the limit without EOS, scored by CTranslate2 after its tokens (one ``score_batch``
+        call for all of them)."""
+        at_limit = [(sentence, index) for sentence, (hypotheses, _, _) in enumerate(decoded)
+                    for index, hypothesis in enumerate(hypotheses)
+                    if hypothesis and hypothesis[-1] != EOS]
+        if not at_limit:
+            return
+        scored = self.translator.score_batch(
+            [sources[sentence] for sentence, _ in at_limit],
+            [decoded[sentence][0][index] for sentence, index in at_limit],
+            max_input_length=0)
+        for (sentence, index), result in zip(at_limit, scored):
+            decoded[sentence][2][index] = float(result.log_probs[-1])
 
 
 def open_export(

@@ -16,6 +16,8 @@ from .. import registration  # noqa: F401  (the models, task and criterion check
 from ..artifacts.checkpoints import build_models, read_model_checkpoint, setup_task
 from ..artifacts.model_files import find_model_files, language_pair, model_text_pipeline
 from ..files.fingerprint import ensemble_mismatch, stored_fingerprint
+from ..generation.decoding_options import check_values
+from ..generation.gnmt_sequence_generator import penalty_function
 from .errors import HubError
 from .translator import TextTranslator, Translator
 
@@ -41,7 +43,9 @@ def load_translator(
     backend: str = "fairseq",
 ) -> TextTranslator:
     """Load a model directory (see :mod:`user_plugin.hub.model_files`); raises
-    :class:`HubError` naming the file when something is missing or unreadable.
+    :class:`HubError` naming the file when something is missing or unreadable, and a
+    :class:`~user_plugin.generation.decoding_options.DecodingOptionError` (a ``ValueError``)
+    for a decoding setting out of its range, before reading anything.
 
     Raw text is encoded by the model's text pipeline: the ``text_pipeline.json`` record in the
     model directory or the data directory (written by the recipes' prepare step, carried by the
@@ -52,6 +56,10 @@ def load_translator(
     (:mod:`user_plugin.hub.ctranslate2_translator`), with the same text pipeline and decoding
     defaults.
     """
+    # the decoding settings are checked before any file is read
+    check_values(beam=beam, lenpen=lenpen, batch_size=batch_size,
+                 max_len_over_source=max_len_over_source)
+    penalty_function(length_penalty_form)
     if backend == "ctranslate2":
         from .ctranslate2_translator import CTranslate2Translator, open_export
 

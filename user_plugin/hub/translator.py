@@ -19,6 +19,7 @@ import torch
 
 from ..artifacts.text_pipeline import TextPipeline
 from ..generation.alignment import set_alignment_output
+from ..generation.decoding_options import check_value, check_values
 
 
 def max_source_tokens(max_positions) -> int | None:
@@ -99,7 +100,8 @@ class TextTranslator:
 
         ``constraints``: raw target phrases the translation must contain (a list for one
         sentence, one list per sentence for several), tokenized and split into subwords as the
-        output is. Other keywords as :meth:`translate_tokens` (``unordered_constraints``,
+        output is; an empty sentence with constraints is a ``ValueError`` (there is nothing
+        to translate). Other keywords as :meth:`translate_tokens` (``unordered_constraints``,
         ``sampling``, ``sampling_topk``, ``sampling_topp``, ``temperature``, ``seed``).
         """
         single = isinstance(sentences, str)
@@ -116,6 +118,11 @@ class TextTranslator:
                     "constraints= needs a list of phrases for one sentence, or one list per "
                     f"sentence ({len(lines)})"
                 )
+            for number, (line, phrases) in enumerate(zip(encoded, constraints), start=1):
+                if not line.strip() and any(phrase.strip() for phrase in phrases):
+                    raise ValueError(
+                        f"sentence {number} is empty but has the constraints {list(phrases)!r}: "
+                        "nothing to translate; give the sentence the constraints are for")
             kept_constraints = [[self.codec.encode(phrase, target=True) for phrase in
                                  constraints[i]] for i in kept]
         hypos = self.translate_tokens(
@@ -151,6 +158,7 @@ class Translator(TextTranslator):
     ) -> None:
         from fairseq import utils
 
+        check_values(beam=beam, lenpen=lenpen, batch_size=batch_size)
         self.task = task
         self.models = list(models)
         self.codec = codec
@@ -212,6 +220,7 @@ class Translator(TextTranslator):
         """
         from fairseq import utils
 
+        check_value("seed", seed)
         if beam is None:
             beam = nbest if sampling else self.beam
         settings = DecodingSettings(
@@ -221,10 +230,7 @@ class Translator(TextTranslator):
             else ("unordered" if unordered_constraints else "ordered"),
             alignment=alignment,
         )
-        if not 1 <= nbest <= settings.beam:
-            raise ValueError(
-                f"nbest must be between 1 and the beam size {settings.beam}, got {nbest}"
-            )
+        # the task checks every setting (one line naming the option) as it builds the search
         generator = self.generator(settings, nbest)
         src_dict = self.task.source_dictionary
         tokens = [src_dict.encode_line(line, add_if_not_exist=False).long() for line in lines]

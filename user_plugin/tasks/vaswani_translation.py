@@ -33,6 +33,7 @@ The paper's settings are beam 4 and alpha 0.6: pass ``--beam 4 --lenpen 0.6`` to
 import logging
 import os
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 from fairseq.data import BaseWrapperDataset, FairseqDataset
@@ -74,8 +75,9 @@ class VaswaniTranslationConfig(TranslationConfig):
         default=MAX_LEN_OVER_SOURCE,
         metadata={
             "help": "each output has at most its own source length (tokens, without the "
-            "source EOS) + N tokens (EOS not counted; the paper: 50); replaces --max-len-a/b. "
-            "A negative value uses fairseq's batch-wide --max-len-a/--max-len-b instead"
+            "source EOS) + N tokens (EOS not counted; the paper: 50), within the decoder's "
+            "positions; replaces --max-len-a/b. -1 uses fairseq's batch-wide "
+            "--max-len-a/--max-len-b instead"
         },
     )
     stop_rule: ChoiceEnum(STOP_RULES) = field(  # type: ignore[valid-type]
@@ -201,6 +203,12 @@ class VaswaniTranslationTask(TranslationTask):
         return kept
 
     def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
+        """fairseq's, after refusing a sentence with constraints and no source tokens: there
+        is nothing to translate, and a text made up to hold the constraints is no translation
+        (in ``fairseq-interactive --constraints`` such a line is ``<TAB>constraint``, the
+        source before the first tab left out)."""
+        if constraints is not None:
+            refuse_constraints_without_source(src_tokens, constraints, self.target_dictionary)
         return complete_batches(
             super().build_dataset_for_inference(src_tokens, src_lengths, constraints=constraints)
         )
@@ -223,7 +231,11 @@ class VaswaniTranslationTask(TranslationTask):
         reference as beam search scores a hypothesis. fairseq chooses the search strategy
         (sampling, diverse beams, constraints...) as for its own task.
         """
-        check_decoding_options(args, self.datasets.values())
+        check_decoding_options(
+            args, self.datasets.values(), max_positions=decoder_positions(models),
+            penalty_forms=(str(self.cfg.length_penalty_form),),
+            max_len_over_source=self.cfg.max_len_over_source,
+        )
         alignment = alignment_requested(args)
         if alignment:
             set_alignment_output(models, True)
@@ -251,6 +263,29 @@ class VaswaniTranslationTask(TranslationTask):
             extra_gen_cls_kwargs=extra,
             prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
         )
+
+
+def refuse_constraints_without_source(src_tokens, constraints, dictionary) -> None:
+    """A :class:`UserError` naming the constraints of the first sentence of ``src_tokens``
+    (token tensors, EOS included) that has constraints (``constraints``, fairseq's packed form)
+    but no source token."""
+    from fairseq.token_generation_constraints import unpack_constraints
+
+    for tokens, packed in zip(src_tokens, constraints):
+        if int(packed[0]) > 0 and int(tokens.ne(dictionary.eos()).sum()) == 0:
+            line = "<TAB>".join(["", *(dictionary.string(phrase)
+                                       for phrase in unpack_constraints(packed))])
+            raise UserError(
+                f"--constraints: a sentence has constraints but an empty source (an input line "
+                f"'{line}'): nothing to translate; give the sentence before the first tab")
+
+
+def decoder_positions(models) -> Optional[int]:
+    """The fewest decoder positions of ``models`` (the longest output they allow, EOS
+    included), None when none says."""
+    positions = [int(model.max_decoder_positions()) for model in models
+                 if hasattr(model, "max_decoder_positions")]
+    return min(positions) if positions else None
 
 
 def complete_batches(dataset: FairseqDataset) -> FairseqDataset:
