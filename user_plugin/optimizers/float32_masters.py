@@ -239,7 +239,7 @@ class Float32MasterOptimizer(optim.FairseqOptimizer):
         if pairs:
             with torch.no_grad():
                 torch._foreach_copy_([v for v, _ in pairs],
-                                     [w.to(v.device) for _, w in pairs])
+                                     [w.to(v.device) for v, w in pairs])
             self.copy_masters_to_model()
         return len(pairs)
 
