@@ -142,16 +142,21 @@ class VaswaniDecoder(TransformerStack, FairseqIncrementalDecoder):
         states: List[Tensor] = [x]
         attentions: List[Dict[str, Optional[Tensor]]] = []
         for index, layer in enumerate(self.layers):
-            x, weights = layer(
-                x,
-                enc,
-                enc_mask,
-                self_attn_mask=self_attn_mask,
-                causal=causal,
-                incremental_state=incremental_state,
-                need_weights=need_attn or (align and index == aligned),
-                beam=beam,
-            )
+            need_weights = need_attn or (align and index == aligned)
+            if incremental_state is None and not need_weights:
+                x, weights = self.run_layer(index, layer, x, enc, enc_mask,
+                                            self_attn_mask=self_attn_mask, causal=causal)
+            else:
+                x, weights = layer(
+                    x,
+                    enc,
+                    enc_mask,
+                    self_attn_mask=self_attn_mask,
+                    causal=causal,
+                    incremental_state=incremental_state,
+                    need_weights=need_weights,
+                    beam=beam,
+                )
             states.append(x)
             attentions.append(weights)
         x = self.final_norm(x)

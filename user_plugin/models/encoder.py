@@ -52,8 +52,11 @@ class VaswaniEncoder(TransformerStack, FairseqEncoder):
         attn_mask = key_padding_to_attn_mask(padding_mask)
         states: List[Tensor] = []
         attentions: List[Tensor] = []
-        for layer in self.layers:
-            x, weights = layer(x, attn_mask, need_weights=need_attn)
+        for index, layer in enumerate(self.layers):
+            if need_attn:
+                x, weights = layer(x, attn_mask, need_weights=True)
+            else:
+                x, weights = self.run_layer(index, layer, x, attn_mask)
             if return_all_hiddens:
                 states.append(x)
             if weights is not None:
