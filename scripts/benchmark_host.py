@@ -39,10 +39,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="newstest2014 EN-DE's folder, or a JSON table of length pairs")
     parser.add_argument("--layers", type=int, default=6, help="layers per stack (6)")
     parser.add_argument("--dim", type=int, default=32, help="d_model of both models (32)")
+    parser.add_argument("--runs", default=",".join(run.name for run in host_benchmark.RUNS),
+                        help="which runs, by name (default: all)")
     parser.add_argument("--work-dir", type=Path, default=None)
     args = parser.parse_args(argv)
+    runs = host_benchmark.runs_named(args.runs.split(","))
     records, reports = host_benchmark.run_all(args.lengths, args.work_dir, args.layers,
-                                              args.dim)
+                                              args.dim, runs)
     atomic_write_text(args.json_out, json.dumps(records, indent=1) + "\n")
     for precision, ratio in host_benchmark.ratios(records).items():
         print(f"ours {precision} / {ratio['against']}: operators {ratio['ops']:.2f}x, "

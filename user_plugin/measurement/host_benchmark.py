@@ -76,6 +76,16 @@ RUNS = (
 )
 
 
+def runs_named(names: Sequence[str]) -> List[Run]:
+    """The runs of :data:`RUNS` called ``names`` (``stock-fp32``...); a one-line error names
+    the known ones otherwise."""
+    known = {run.name: run for run in RUNS}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise UserError(f"no run named {', '.join(unknown)}; known: {', '.join(known)}")
+    return [known[name] for name in names]
+
+
 def model_args(layers: int, dim: int) -> List[str]:
     return ["--encoder-layers", str(layers), "--decoder-layers", str(layers),
             "--encoder-embed-dim", str(dim), "--decoder-embed-dim", str(dim),

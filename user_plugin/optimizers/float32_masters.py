@@ -47,6 +47,9 @@ logger = logging.getLogger(__name__)
 #: fairseq's default loss-scale window for one process and no gradient accumulation
 #: (``FP16Optimizer``: 2^14 updates divided by the data-parallel size and --update-freq).
 SCALE_WINDOW_UPDATES = 2**14
+#: The counters of fairseq's ``DynamicLossScaler`` that decide when the scale grows.
+SCALER_COUNTERS = ("_iter", "_last_overflow_iter", "_last_rescale_iter",
+                   "_overflows_since_rescale")
 
 
 def scale_window(cfg: Any) -> int:
@@ -149,17 +152,26 @@ class Float32MasterOptimizer(optim.FairseqOptimizer):
         self.fp32_optimizer.set_lr(lr)
 
     def state_dict(self) -> Dict[str, Any]:
-        """The inner optimizer's state (over the flat master) and the loss scale. The masters
-        themselves go into the checkpoint as the model's weights (module description)."""
+        """The inner optimizer's state (over the flat master), the loss scale (as fairseq saves
+        it) and the scaler's counters (fairseq does not save them: its resumed runs restart the
+        scale window). The masters themselves go into the checkpoint as the model's weights
+        (module description)."""
         state = self.fp32_optimizer.state_dict()
         if self.scaler is not None:
             state["loss_scale"] = self.scaler.loss_scale
+            state["loss_scaler_counters"] = {name: getattr(self.scaler, name)
+                                             for name in SCALER_COUNTERS}
         return state
 
     def load_state_dict(self, state_dict: Dict[str, Any],
                         optimizer_overrides: Optional[Dict[str, Any]] = None) -> None:
+        state_dict = dict(state_dict)
+        counters = state_dict.pop("loss_scaler_counters", None)
         if "loss_scale" in state_dict and self.scaler is not None:
             self.scaler.loss_scale = state_dict["loss_scale"]
+            for name, value in (counters or {}).items():
+                if name in SCALER_COUNTERS:
+                    setattr(self.scaler, name, value)
         self.fp32_optimizer.load_state_dict(state_dict, optimizer_overrides)
 
     def backward(self, loss: torch.Tensor) -> None:
