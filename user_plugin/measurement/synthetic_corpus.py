@@ -104,7 +104,9 @@ def write_corpus(out_dir: Path, pairs: Sequence[Tuple[int, int]], train_pairs: i
                  langs: Tuple[str, str] = ("en", "de")) -> Dict[str, float]:
     """Write the binarized corpus into ``out_dir`` (created): ``train_pairs`` training and
     ``valid_pairs`` validation pairs drawn from the length ``pairs``. Returns the training
-    split's statistics (:func:`length_statistics`, target tokens, vocabulary)."""
+    split's statistics: :func:`length_statistics`, the vocabulary, and the sums of
+    :class:`~.flops.TokenCounts` (``source_tokens``, ``target_tokens``, ``source_squares``,
+    ``target_squares``, ``source_target``)."""
     if vocabulary <= SPECIALS or vocabulary % 8:
         raise ValueError(f"vocabulary must be a multiple of 8 above {SPECIALS}, got {vocabulary}")
     out_dir = Path(out_dir)
@@ -122,8 +124,11 @@ def write_corpus(out_dir: Path, pairs: Sequence[Tuple[int, int]], train_pairs: i
                          vocabulary, rng)
         if split == "train":
             stats = length_statistics([tuple(p) for p in drawn.tolist()])
-            stats["target_tokens"] = float(drawn[:, 1].sum())
-            stats["source_tokens"] = float(drawn[:, 0].sum())
+            source, target = drawn[:, 0].astype(np.float64), drawn[:, 1].astype(np.float64)
+            stats.update(source_tokens=float(source.sum()), target_tokens=float(target.sum()),
+                         source_squares=float((source ** 2).sum()),
+                         target_squares=float((target ** 2).sum()),
+                         source_target=float((source * target).sum()))
     stats["vocabulary"] = vocabulary
     return stats
 
