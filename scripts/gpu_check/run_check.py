@@ -447,7 +447,7 @@ class Check:
         sync_debug = profile_first + PROFILED_UPDATES
         name = f"speed-{size_name}-{variant}"
         probe = [PROBE, self.logs / f"{name}.probe.json",
-                 "--window", f"{s.speed_warmup}:{size.interval}",
+                 "--window", f"{s.speed_warmup}:{size.interval}:{size.measured // size.interval}",
                  "--profile", f"{profile_first}:{PROFILED_UPDATES}",
                  "--profile-table", self.logs / f"{name}.profile.txt",
                  "--layers", f"{size.layers}:{size.layers}", "--sync-debug", sync_debug]

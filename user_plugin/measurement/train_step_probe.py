@@ -13,10 +13,10 @@ numbered calls of ``train_step`` (1 = the first):
     count the ATen operators of calls FIRST..FIRST+COUNT-1 (:mod:`operator_count`): compute
     and view operators and host-device synchronisations per update, those inside the
     forward and backward pass (the task's ``train_step``: the criterion and the backward) apart.
-``--window WARMUP:INTERVAL``
-    after call WARMUP, every INTERVAL calls: wait for the device, then record the interval's
-    seconds, target tokens and updates (the throughput of a steady state; the warm-up is not
-    counted).
+``--window WARMUP:INTERVAL:COUNT``
+    after call WARMUP, every INTERVAL calls, COUNT times: wait for the device, then record the
+    interval's seconds, target tokens and updates (the throughput of a steady state; the
+    warm-up is not counted, nor anything after the last interval).
 ``--profile FIRST:COUNT``
     ``torch.profiler`` over calls FIRST..: the operator tables (``--profile-table``) and, on a
     GPU, the GPU-busy fraction, kernels and synchronisations per update, the top kernels and
@@ -211,8 +211,8 @@ class Probe:
     def record_window(self, call: int, tokens: int, updates: int) -> None:
         if not self.args.window:
             return
-        warmup, interval = self.args.window
-        if call < warmup:
+        warmup, interval, count = self.args.window
+        if call < warmup or call > warmup + interval * count:
             return
         if call == warmup:
             self.synchronize()
@@ -405,7 +405,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="train_step_probe", description=__doc__.split("\n")[0])
     parser.add_argument("out")
     parser.add_argument("--count-operators", type=lambda t: span(t, 2))
-    parser.add_argument("--window", type=lambda t: span(t, 2))
+    parser.add_argument("--window", type=lambda t: span(t, 3))
     parser.add_argument("--profile", type=lambda t: span(t, 2))
     parser.add_argument("--profile-table")
     parser.add_argument("--layers", type=lambda t: span(t, 2),
