@@ -176,3 +176,33 @@ def test_an_unknown_section_is_one_line(tiny_carry, tmp_path):
                 "--variants", "ours-fp8"], timeout=60)
     assert proc.returncode == 2
     assert "unknown variant(s) ['ours-fp8']" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_keep_report_files_a_gpu_report_once_and_refuses_the_dry_run(dry_run, tmp_path):
+    keep = [KIT / "keep_report.py", "--runs-dir", tmp_path / "runs"]
+    dry = dry_run["out"] / "gpu_report.json"
+    proc = run([*keep, dry], timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "keep_report: error: the report is the CPU dry run's, not a GPU run's"]
+    report = json.loads(dry.read_text())
+    report["tiny"] = False
+    report["environment"].update(device="NVIDIA H100 80GB HBM3", cuda="13.0")
+    gpu = tmp_path / "gpu_report.json"
+    gpu.write_text(json.dumps(report))
+    first = run([*keep, gpu], timeout=60)
+    assert first.returncode == 0, first.stderr
+    kept = Path(first.stdout.strip())
+    assert kept.parent == tmp_path / "runs" and kept.read_text() == gpu.read_text()
+    assert kept.name.endswith("-nvidia-h100-80gb-hbm3-equivalence-training-decoding-speed-demo"
+                              ".json") and kept.name[:4].isdigit()
+    again = run([*keep, gpu], timeout=60)  # the same report: nothing changes
+    assert again.returncode == 0 and again.stdout == first.stdout
+    report["finished"] = "later"
+    gpu.write_text(json.dumps(report))
+    clash = run([*keep, gpu], timeout=60)
+    assert clash.returncode == 1 and "exists with another report" in clash.stderr
+    assert json.loads(kept.read_text()).get("finished") != "later"
+    del report["environment"]["cuda"]
+    gpu.write_text(json.dumps(report))
+    assert "names no cuda" in run([*keep, gpu], timeout=60).stderr

@@ -41,8 +41,6 @@ block that puts torch's own method back.
 
 :mod:`user_plugin.fairseq_patches` installs the rows: fairseq's launcher
 ``distributed_utils.call_main`` and five methods of fairseq's ``Trainer`` are wrapped.
-:data:`CUDA_TRAINING_DEFAULTS` is the one place that says which precision and optimizer the
-recipes should use on a GPU.
 """
 
 from __future__ import annotations
@@ -58,13 +56,6 @@ import torch
 from torch import nn
 
 logger = logging.getLogger(__name__)
-
-#: The precision and optimizer that training on CUDA GPUs should use by default, decided by the
-#: GPU check's steady-state speed section (docs/gpu_check.md). Until a GPU run has measured the
-#: float32-master paths against stock fairseq, these are the recipes' defaults as they were
-#: (bf16 on GPUs of compute capability >= 8, fairseq's adam); the recipes read them with
-#: ``python -m user_plugin.precision``.
-CUDA_TRAINING_DEFAULTS: Dict[str, str] = {"precision": "bf16", "optimizer": "adam"}
 
 #: How a run trains, by :func:`precision_mode`.
 FAIRSEQ, FP16_MASTERS, BF16_MASTERS, BF16_AUTOCAST = (
@@ -384,14 +375,3 @@ def trainer_train_step_fp16_on_cpu(train_step: Any) -> Any:
             return train_step(self, *args, **kwargs)
 
     return trainer_train_step
-
-
-def main() -> int:
-    """``python -m user_plugin.precision``: print :data:`CUDA_TRAINING_DEFAULTS` as
-    ``precision optimizer`` (what the recipes read)."""
-    print(CUDA_TRAINING_DEFAULTS["precision"], CUDA_TRAINING_DEFAULTS["optimizer"])
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
