@@ -29,7 +29,7 @@ first training loss without dropout, and the same hypotheses, which the benchmar
 Peak memory: on CPU the peak resident set size of the subprocess (``getrusage`` maxrss) and its
 growth over the resident size before the measured work; on a GPU
 ``torch.cuda.max_memory_allocated``.
-``--dtype bf16`` trains as ``fairseq-train --bf16`` does with the plugin
+``--dtype bf16`` trains as ``fairseq-train --bf16 --amp`` does with the plugin
 (:mod:`user_plugin.precision`): float32 weights and Adam state, the criterion's forward pass
 (model and loss) under bfloat16 autocast; it decodes under the same autocast. It runs on a CPU
 too. ``--dtype fp16`` (CUDA only) uses ``torch.autocast(float16)`` with a ``GradScaler``, which

@@ -3,7 +3,8 @@
 built-in ``transformer``, and our criterion against fairseq's ``label_smoothed_cross_entropy``.
 
 For each precision (fp32; fp16 and bf16 as weights cast to that type, as fairseq's ``--fp16``
-does; bf16 also as autocast over float32 weights, as the plugin's ``--bf16`` trains) it measures:
+does; bf16 also as autocast over float32 weights, as the plugin's ``--bf16 --amp`` trains) it
+measures:
 
 * the training forward: max |log p_ours - log p_fairseq| over the real target positions;
 * incremental decoding, step by step: the same, over every step;

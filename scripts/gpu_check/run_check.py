@@ -16,11 +16,13 @@ Sections:
 
 ``equivalence``
     ``equivalence.py``: our model against fairseq's ``transformer`` with the same weights, on
-    the device, in fp32, fp16, bf16 (weights) and bf16 autocast (the plugin's ``--bf16``):
-    forward, incremental decoding, beam search, and the criterion with its fused loss.
+    the device, in fp32, fp16, bf16 (weights) and bf16 autocast (the plugin's ``--bf16 --amp``):
+    forward, incremental decoding, beam search, and the criterion with its fused loss; the
+    float32-master optimizer against fairseq's ``FP16Optimizer`` and against float32 training.
 ``training``
-    ``fairseq-train`` on Multi30k with ``vaswani_base`` in fp32, ``--fp16``,
-    ``--memory-efficient-fp16`` and the plugin's ``--bf16``, concurrently on the one GPU: the
+    ``fairseq-train`` on Multi30k with ``vaswani_base`` in fp32, ``--fp16`` and ``--bf16``
+    (float32 masters), ``--memory-efficient-fp16`` and ``--bf16 --amp`` (autocast),
+    concurrently on the one GPU: the
     loss must fall, without a loss-scale loop; the run is stopped, resumed from
     ``checkpoint_last.pt`` to the end, and its checkpoint decoded by ``fairseq-generate``.
 ``decoding``
