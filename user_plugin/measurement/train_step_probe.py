@@ -300,7 +300,6 @@ class Probe:
                 try:
                     yield
                 finally:
-                    torch.cuda.synchronize()
                     torch.cuda.set_sync_debug_mode("default")
                     warnings.showwarning = shown
 
@@ -333,9 +332,9 @@ def analyze_profile(events: Sequence[Any], first: int, count: int,
     """What a profiled window says: wall and GPU-busy time, kernels, memory copies and host
     synchronisations per update, the top kernels, the attention backends (in forward order,
     labelled by layer when ``layers`` = (encoder, decoder) layer counts match)."""
-    steps = [e for e in events if e.name.startswith("train_step-")]
-    kernels = [e for e in events if _on_device(e) and not _is_copy(e.name)]
-    copies = [e for e in events if _on_device(e) and _is_copy(e.name)]
+    steps = [e for e in events if e.name.startswith("train_step-") and not _on_device(e)]
+    kernels = [e for e in events if _kind(e) == "kernel"]
+    copies = [e for e in events if _kind(e) == "copy"]
     start = min((e.time_range.start for e in steps), default=0.0)
     end = max([e.time_range.end for e in steps] + [e.time_range.end for e in kernels],
               default=0.0)
@@ -377,6 +376,19 @@ def analyze_profile(events: Sequence[Any], first: int, count: int,
 
 def _on_device(event: Any) -> bool:
     return str(getattr(event, "device_type", "")).endswith("CUDA")
+
+
+def _kind(event: Any) -> str:
+    """"kernel", "copy" (memory copy or set on the device), "annotation" (a
+    ``record_function`` range, on the host or its mirror on the device) or "host"."""
+    activity = str(getattr(event, "activity_type", "") or "").lower()
+    if getattr(event, "is_user_annotation", False) or "annotation" in activity:
+        return "annotation"
+    if not _on_device(event):
+        return "host"
+    if _is_copy(event.name) or "memcpy" in activity or "memset" in activity:
+        return "copy"
+    return "kernel"
 
 
 def _is_copy(name: str) -> bool:
