@@ -32,11 +32,11 @@ RUNS = REPO / "docs" / "gpu_runs"
 def report_name(report: dict) -> str:
     """``<started>-<device>-<sections>.json`` of a GPU report; a one-line error if it is none."""
     environment = report.get("environment") or {}
+    if report.get("tiny") or environment.get("device") == "cpu":
+        raise UserError("the report is the CPU dry run's, not a GPU run's")
     missing = [key for key in ("device", "torch", "cuda") if not environment.get(key)]
     if missing:
         raise UserError(f"the report names no {', '.join(missing)} (not a GPU run's report)")
-    if report.get("tiny") or environment["device"] == "cpu":
-        raise UserError("the report is the CPU dry run's, not a GPU run's")
     started = re.sub(r"[^0-9]", "", str(report.get("started", "")))[:12]
     if len(started) != 12:
         raise UserError("the report says no start time")
