@@ -29,7 +29,7 @@ first training loss without dropout, and the same hypotheses, which the benchmar
 Peak memory: on CPU the peak resident set size of the subprocess (``getrusage`` maxrss) and its
 growth over the resident size before the measured work; on a GPU
 ``torch.cuda.max_memory_allocated``.
-``--dtype bf16`` trains as ``fairseq-train --bf16`` does with the plugin
+``--dtype bf16`` trains as ``fairseq-train --bf16 --amp`` does with the plugin
 (:mod:`user_plugin.precision`): float32 weights and Adam state, the criterion's forward pass
 (model and loss) under bfloat16 autocast; it decodes under the same autocast. It runs on a CPU
 too. ``--dtype fp16`` (CUDA only) uses ``torch.autocast(float16)`` with a ``GradScaler``, which
@@ -368,18 +368,18 @@ def sync(device: str) -> None:
 
 
 def training_flops(cfg, vocab: int, samples: list) -> float:
-    """Model FLOPs of forward + backward (3x forward) of ``samples``, on padded shapes."""
-    d, ffn = cfg.encoder_embed_dim, cfg.encoder_ffn_embed_dim
-    layers_e, layers_d = cfg.encoder_layers, cfg.decoder_layers
+    """Model FLOPs of forward + backward of ``samples``, on their padded shapes
+    (``user_plugin.measurement.flops``, the project's one formula)."""
+    from user_plugin.measurement.flops import TokenCounts, TransformerShape
+    from user_plugin.measurement.flops import training_flops as formula
+
+    shape = TransformerShape(cfg.encoder_layers, cfg.decoder_layers, cfg.encoder_embed_dim,
+                             cfg.encoder_ffn_embed_dim, vocab)
     total = 0.0
     for sample in samples:
         batch, src = sample["net_input"]["src_tokens"].shape
         tgt = sample["net_input"]["prev_output_tokens"].size(1)
-        macs = batch * src * layers_e * (4 * d * d + 2 * d * ffn + 2 * src * d)
-        macs += batch * tgt * layers_d * (6 * d * d + 2 * d * ffn + 2 * tgt * d + 2 * src * d)
-        macs += batch * src * layers_d * 2 * d * d  # encoder-decoder keys and values
-        macs += batch * tgt * d * vocab  # pre-softmax linear
-        total += 3 * 2 * macs
+        total += formula(shape, TokenCounts.of_padded_batch(batch, src, tgt))
     return total
 
 

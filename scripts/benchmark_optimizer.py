@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Time one optimizer update of a Transformer's parameters: fairseq's ``adam`` against the
 plugin's ``vaswani_adam`` (``foreach`` and ``fused``), as ``fairseq-train`` runs it in float32
-and under the plugin's ``--bf16`` (float32 weights): the gradient norm, then the Adam step.
+and under the plugin's ``--bf16 --amp`` (float32 weights): the gradient norm, then the Adam
+step. (The plugin's ``--fp16`` and ``--bf16`` update one flat float32 tensor: one tensor here.)
 
 The parameters are those of our model at the chosen size (``vaswani_base`` by default, with a
 joined vocabulary of ``--vocab`` types), each with a random gradient. For each optimizer the

@@ -1,9 +1,12 @@
 """Reduced-precision training (``user_plugin/precision.py``, ``recipes/steps/train.sh``):
 
-* fairseq's ``--bf16`` trains on a CPU (fairseq alone dies asking torch_xla for a TPU): float32
-  weights and optimizer state, the forward pass in bfloat16; through the recipe's train step
-  with ``DEVICE=cpu PRECISION=bf16`` the loss falls, a killed run resumes where it stopped, and
-  the float32 checkpoint decodes in fairseq-generate;
+* fairseq's ``--bf16`` trains on a CPU (fairseq alone dies asking torch_xla for a TPU): for our
+  runs bfloat16 weights with float32 masters, saved as the checkpoint's weights, and a resume
+  that continues from them to the last bit (``--fp16`` too, which now runs on a CPU);
+  ``--bf16 --amp`` keeps bfloat16 autocast over float32 weights; a stock run in the same
+  process keeps fairseq's own path; through the recipe's train step with ``DEVICE=cpu
+  PRECISION=bf16`` the loss falls, a killed run resumes where it stopped, and the float32
+  checkpoint decodes in fairseq-generate;
 * ``--memory-efficient-fp16 --cpu`` with our model and criterion: a loss scale far too large
   overflows, is halved on each overflow (logged), and training goes on with the loss falling;
 * the criterion's float16 path: why it stays unfused (``scripts/fp16_loss_accuracy.py``);
@@ -69,27 +72,33 @@ def losses_fall(records) -> bool:
 # bf16
 
 
-def test_bf16_trainer_keeps_float32_state_and_runs_the_forward_in_bfloat16(multi30k_bin):
-    """fairseq's own option parsing of ``--bf16 --cpu`` (which sets ``--tpu``), fairseq's
-    launcher and Trainer, one training and one validation step."""
+def trainer_after_one_step(data_bin, *flags, arch: str = "vaswani_base", extra=()) -> dict:
+    """fairseq's own option parsing of ``flags`` with ``--cpu`` (``--bf16`` sets ``--tpu``),
+    fairseq's launcher and Trainer, one training and one validation step: the trainer and the
+    dtypes our linear layers produced in each."""
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.distributed import utils as distributed_utils
     from fairseq.trainer import Trainer
 
     parser = options.get_training_parser()
+    model_args = [*TINY_MODEL_ARGS] if arch == "vaswani_base" else [
+        "--arch", arch, "--encoder-layers", "1", "--decoder-layers", "1",
+        "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+        "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+        "--share-all-embeddings"]
     args = options.parse_args_and_arch(parser, [
-        str(multi30k_bin.data_bin), "--user-dir", USER_DIR, "--cpu", "--bf16", "--seed", "1",
-        *TINY_MODEL_ARGS, *PAPER_OPTIMIZATION_ARGS, "--max-tokens", "600",
+        str(data_bin), "--user-dir", USER_DIR, "--cpu", *flags, "--seed", "1",
+        *model_args, *PAPER_OPTIMIZATION_ARGS, "--max-tokens", "600", *extra,
     ])
     cfg = convert_namespace_to_omegaconf(args)
-    assert cfg.common.tpu  # fairseq's reading of --bf16: a TPU, hence torch_xla
-    seen = {}
+    seen = {"tpu_as_parsed": cfg.common.tpu}
 
     def main(cfg):
         task = tasks.setup_task(cfg.task)
         task.load_dataset("valid")
         model = task.build_model(cfg.model)
+        seen["initial"] = {n: p.detach().clone() for n, p in model.named_parameters()}
         trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
         dtypes = set()
         hooks = [m.register_forward_hook(lambda _m, _i, out: dtypes.add(out.dtype))
@@ -103,32 +112,106 @@ def test_bf16_trainer_keeps_float32_state_and_runs_the_forward_in_bfloat16(multi
         seen["valid_dtypes"] = set(dtypes)
         for hook in hooks:
             hook.remove()
+        trainer.consolidate_optimizer()  # as fairseq does before saving
         seen["trainer"] = trainer
 
     distributed_utils.call_main(cfg, main)
+    return seen
+
+
+def test_bf16_trains_bfloat16_weights_with_float32_masters_saved_as_the_model(multi30k_bin):
+    from user_plugin.optimizers.float32_masters import Float32MasterOptimizer
+
+    seen = trainer_after_one_step(multi30k_bin.data_bin, "--bf16")
+    assert seen["tpu_as_parsed"]  # fairseq's reading of --bf16: a TPU, hence torch_xla
     trainer = seen["trainer"]
     assert trainer.device.type == "cpu" and trainer.get_num_updates() == 1
     assert seen["train_dtypes"] == {torch.bfloat16} == seen["valid_dtypes"]
     assert math.isfinite(seen["loss"])
-    assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
-    assert type(trainer.optimizer).__name__ == "FairseqAdam"  # not fairseq's FP16Optimizer
-    moments = {t.dtype for state in trainer.optimizer.optimizer.state.values()
-               for t in state.values() if torch.is_tensor(t) and t.dim() > 0}
-    assert moments == {torch.float32}
-    trainer.consolidate_optimizer()  # as fairseq does before saving
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.bfloat16}
+    optimizer = trainer.optimizer
+    assert isinstance(optimizer, Float32MasterOptimizer) and optimizer.scaler is None
+    assert optimizer.fp32_params.dtype == torch.float32 and optimizer.fp32_params.dim() == 1
+    masters = optimizer.master_of()
+    # the masters started from the float32 weights the model was built with (not their
+    # rounding), took one update, and the model holds them rounded
+    named = dict(trainer.model.named_parameters())
+    moved = max(float((masters[id(p)] - seen["initial"][n]).abs().max())
+                for n, p in named.items())
+    assert 0 < moved < 1e-2
+    for p in named.values():
+        assert torch.equal(masters[id(p)].to(torch.bfloat16), p.detach())
     state = trainer.state_dict()
     assert state["cfg"]["common"]["bf16"] is True and state["cfg"]["common"]["tpu"] is False
     assert {t.dtype for t in state["model"].values()} == {torch.float32}
+    for name, p in named.items():
+        assert torch.equal(state["model"][name], masters[id(p)])
+    # more than bfloat16's 8 bits: the checkpoint holds the masters, not the model's weights
+    assert any(not torch.equal(t, t.to(torch.bfloat16).float()) for t in state["model"].values())
 
 
-def test_bf16_with_amp_is_one_error_line(multi30k_bin, tmp_path):
-    cmd = [sys.executable, "-m", "fairseq_cli.train", str(multi30k_bin.data_bin),
-           "--user-dir", USER_DIR, "--cpu", "--bf16", "--amp", *TINY_MODEL_ARGS,
-           *PAPER_OPTIMIZATION_ARGS, "--max-tokens", "600", "--save-dir", str(tmp_path)]
-    proc = subprocess.run(cmd, env=fairseq_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1
-    assert "error: --bf16 and --amp exclude each other" in proc.stderr
-    assert "Traceback" not in proc.stderr
+def test_bf16_amp_keeps_bfloat16_autocast_over_float32_state(multi30k_bin):
+    seen = trainer_after_one_step(multi30k_bin.data_bin, "--bf16", "--amp")
+    trainer = seen["trainer"]
+    assert trainer.get_num_updates() == 1 and math.isfinite(seen["loss"])
+    assert seen["train_dtypes"] == {torch.bfloat16} == seen["valid_dtypes"]
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
+    assert type(trainer.optimizer).__name__ == "FairseqAdam"  # no master copy, no scaler
+    moments = {t.dtype for state in trainer.optimizer.optimizer.state.values()
+               for t in state.values() if torch.is_tensor(t) and t.dim() > 0}
+    assert moments == {torch.float32}
+    state = trainer.state_dict()
+    assert state["cfg"]["common"]["amp"] is True and state["cfg"]["common"]["bf16"] is True
+    assert {t.dtype for t in state["model"].values()} == {torch.float32}
+
+
+def test_a_stock_run_in_a_plugin_process_keeps_fairseqs_bf16_path(multi30k_bin):
+    """``--arch transformer --task translation`` is no run of ours: fairseq's own non-TPU
+    bfloat16 path (its FP16Optimizer, bfloat16 weights in the checkpoint); only the crash on
+    --tpu is fixed."""
+    seen = trainer_after_one_step(multi30k_bin.data_bin, "--bf16", arch="transformer",
+                                  extra=["--task", "translation"])
+    trainer = seen["trainer"]
+    assert trainer.get_num_updates() == 1
+    assert type(trainer.optimizer).__name__ == "FP16Optimizer"
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.bfloat16}
+    assert {t.dtype for t in trainer.state_dict()["model"].values()} == {torch.bfloat16}
+
+
+def train(data_bin, save_dir, max_update: int, *flags) -> subprocess.CompletedProcess:
+    return run_fairseq("train", [
+        data_bin, "--user-dir", USER_DIR, "--cpu", "--seed", "1", *TINY_MODEL_ARGS,
+        *PAPER_OPTIMIZATION_ARGS, "--warmup-updates", "40", "--lr-scale", "0.5",
+        "--max-tokens", "1000", "--max-update", str(max_update), "--save-dir", save_dir,
+        "--no-epoch-checkpoints", "--log-format", "json", "--log-interval", "1",
+        "--required-batch-size-multiple", "1", "--num-workers", "0", *flags])
+
+
+@pytest.mark.parametrize("flags", [["--bf16"], ["--fp16", "--fp16-scale-window", "3"]],
+                         ids=["bf16", "fp16"])
+def test_half_precision_resume_continues_from_the_exact_float32_masters(multi30k_bin,
+                                                                       tmp_path, flags):
+    """Six updates in one run, and three then three more after a resume, give the same
+    checkpoint to the last bit: model weights (the masters), Adam's moments, the loss scale
+    and its counters (fp16, whose window of 3 makes the scale grow across the resume)."""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    train(multi30k_bin.data_bin, straight, 6, *flags)
+    train(multi30k_bin.data_bin, resumed, 3, *flags)
+    second = train(multi30k_bin.data_bin, resumed, 6, *flags)
+    assert "@ 3 updates)" in second.stdout + second.stderr
+    a = torch.load(straight / "checkpoint_last.pt", weights_only=True)
+    b = torch.load(resumed / "checkpoint_last.pt", weights_only=True)
+    assert a["optimizer_history"][-1]["optimizer_name"] == "Float32MasterOptimizer"
+    assert a["model"].keys() == b["model"].keys()
+    for name in a["model"]:
+        assert a["model"][name].dtype == torch.float32
+        assert torch.equal(a["model"][name], b["model"][name]), name
+    sa, sb = a["last_optimizer_state"], b["last_optimizer_state"]
+    for key in ("exp_avg", "exp_avg_sq"):
+        assert torch.equal(sa["state"][0][key], sb["state"][0][key])
+    if "--fp16" in flags:
+        assert sa["loss_scale"] == sb["loss_scale"] > 128  # grew every 3 updates
+        assert sa["loss_scaler_counters"] == sb["loss_scaler_counters"]
 
 
 def bf16_recipe_settings(tmp_path, data_bin) -> dict:
@@ -162,7 +245,7 @@ def test_bf16_recipe_trains_resumes_and_its_checkpoint_decodes(multi30k_bin, tmp
     assert f"@ {stopped_at} updates)" in rerun.stdout, rerun.stdout[-3000:]
     resumed = [int(r["num_updates"]) for r in json_log_records(rerun.stdout, "train_inner")]
     assert resumed and min(resumed) > stopped_at and max(resumed) == 40, resumed
-    assert "bf16: weights, gradients and optimizer state in float32" in rerun.stdout
+    assert "bf16_masters: bfloat16 weights and gradients, float32 master weights" in rerun.stdout
     assert (checkpoints / ".done").is_file()
     # both runs' records are in train.log: the loss falls across them
     assert losses_fall(json_log_records((checkpoints / "train.log").read_text(), "train_inner"))

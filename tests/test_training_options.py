@@ -38,6 +38,8 @@ INTENTIONAL_DIFFERENCES = {
                        "average); fairseq's transformer always averages all",
     "full_context_alignment": "fairseq's transformer_align option (alignments without the "
                               "causal mask)",
+    "compile_layers": "each layer through torch.compile while training; fairseq has no "
+                      "compiled path",
 }
 
 

@@ -1,47 +1,46 @@
-"""Reduced-precision training on CUDA GPUs and CPUs: fairseq's ``--bf16`` as bfloat16
-autocast, and float16 loss-scale overflows on a CPU.
+"""Reduced-precision training of the plugin's runs: ``--fp16`` and ``--bf16`` with float32
+master weights, ``--bf16 --amp`` as bfloat16 autocast, and float16 overflows on a CPU.
 
-What fairseq 0.12 does with ``--bf16`` (and ``--memory-efficient-bf16``), and why it fails
-everywhere but on a TPU:
+What fairseq 0.12 does, and why the plugin changes it:
 
-* ``options.py`` turns ``--tpu`` on with it. The trainer then asks torch_xla for its device, and
-  without torch_xla dies with ``'NoneType' object has no attribute 'xla_device'``: on a CPU, and
-  on a CUDA GPU too, since the trainer tries the TPU before CUDA.
-* Without ``--tpu``, the trainer would cast the model to bfloat16 and wrap the optimizer in
-  ``FP16Optimizer`` (fp32 master weights), which allocates the masters with
-  ``torch.cuda.current_device()`` (no CPU) and saves the rounded bfloat16 weights in the
+* ``--bf16`` (and ``--memory-efficient-bf16``) turns ``--tpu`` on in ``options.py``; without
+  torch_xla the trainer dies with ``'NoneType' object has no attribute 'xla_device'``, on a CPU
+  and on a CUDA GPU alike (the trainer tries the TPU before CUDA). When torch_xla is not
+  installed the plugin turns ``--tpu`` off again before fairseq's launcher and trainer read it,
+  for every run (row ``bf16_without_tpu``): that only turns a crash into fairseq's own non-TPU
+  bfloat16 path.
+* ``--fp16`` (and fairseq's non-TPU ``--bf16``) wrap the optimizer in ``FP16Optimizer``, which
+  copies gradients and weights between the model and the float32 masters tensor by tensor
+  (about 3,000 operator calls per update for a base Transformer), allocates the masters with
+  ``torch.cuda.current_device()`` (no CPU), and saves the rounded half-precision weights in the
   checkpoints, so that every resume restarts from rounded masters.
 
-What the plugin does instead, when torch_xla is not installed (a TPU keeps fairseq's path):
+For runs of the plugin's model or task (:func:`~user_plugin.fairseq_patches.scope.is_our_run`;
+a stock run in the same process keeps fairseq's paths), row ``mixed_precision``:
 
-* ``--tpu`` is turned off again before fairseq's launcher (``distributed_utils.call_main``) and
-  the trainer read it;
-* the weights, their gradients and the optimizer state stay float32, and the criterion's forward
-  pass (the model's forward and the loss) runs under ``torch.autocast(dtype=torch.bfloat16)`` on
-  the trainer's device, CUDA or CPU alike; the backward pass follows the dtypes autocast chose.
-  bfloat16 has float32's exponent range, so there is no loss scaling.
+* ``--fp16`` and ``--bf16``: half-precision weights with float32 masters in one flat tensor,
+  moved with multi-tensor copies (:mod:`user_plugin.optimizers.float32_masters`), the inner
+  ``--optimizer`` over that one tensor (``vaswani_adam``: one fused operation). float16 keeps
+  fairseq's dynamic loss scaler with one host read per update; bfloat16 has no scaler. The masters
+  start from the float32 weights the model was built with (fairseq would start from their
+  rounding), and checkpoints store them as the model's weights: a checkpoint of a half-precision
+  run is a float32 checkpoint, and a resume continues from exactly the weights it stopped at.
+  This runs on a CPU too (fairseq's ``--fp16`` does not).
+* ``--bf16 --amp``: the previous meaning of the plugin's ``--bf16``, kept as an option (and
+  for resuming runs that began with it): float32 weights, gradients and optimizer state, the
+  criterion's forward pass (model and loss) under ``torch.autocast(dtype=torch.bfloat16)``;
+  the backward follows the dtypes autocast chose. fairseq's ``--amp`` alone (float16 autocast
+  with a gradient scaler) is fairseq's.
+* ``--memory-efficient-fp16``, ``--memory-efficient-bf16``, ``--fp16-no-flatten-grads``: fairseq's
+  own optimizer wrappers.
 
-Why autocast rather than bfloat16 weights with fp32 masters: the checkpoints hold the float32
-weights themselves (they load wherever an fp32 checkpoint loads, and a resume continues from
-exactly the weights it stopped at); the same code runs on a CPU, so CI trains through it; and
-weights, gradients and Adam's moments take 16 bytes per parameter instead of ``FP16Optimizer``'s
-20. The matrix products, which dominate the step, run in bfloat16 either way.
+float16 on a CPU: fairseq's trainer handles a loss-scale overflow by setting the step's gradient
+norm to ``torch.tensor(0.0).cuda()``, which fails without CUDA. During a CPU trainer's float16
+step, ``Tensor.cuda`` returns the tensor itself (row ``fp16_overflow_on_cpu``), in a ``with``
+block that puts torch's own method back.
 
-The checkpoints keep ``common.bf16 = True`` in their configuration: it records how the run was
-trained. ``scripts/benchmark.py --dtype bf16`` uses :func:`autocast_forward_bf16` and
-:func:`bf16_autocast` as training does.
-
-float16: fairseq's ``--fp16`` needs CUDA (``FP16Optimizer`` asks for the current CUDA device),
-but ``--memory-efficient-fp16 --cpu`` trains on a CPU: float16 weights, dynamic loss scaling.
-When the scaled gradients overflow, fairseq's trainer lowers the scale, skips the update, and
-then sets the step's gradient norm with ``torch.tensor(0.0).cuda()``, which fails without CUDA.
-During a CPU trainer's float16 step, ``Tensor.cuda`` returns the tensor itself, so that the
-overflow is handled on a CPU as on a GPU and training goes on.
-
-:mod:`user_plugin.fairseq_patches` installs both (rows ``bf16_autocast`` and
-``fp16_overflow_on_cpu``): the launcher ``distributed_utils.call_main`` and four methods of
-fairseq's ``Trainer`` are wrapped. ``torch.Tensor.cuda`` is replaced only within one CPU
-float16 training step, in a ``with`` block that puts torch's own method back.
+:mod:`user_plugin.fairseq_patches` installs the rows: fairseq's launcher
+``distributed_utils.call_main`` and five methods of fairseq's ``Trainer`` are wrapped.
 """
 
 from __future__ import annotations
@@ -51,21 +50,55 @@ import functools
 import importlib.util
 import logging
 from argparse import Namespace
-from typing import Any, Iterator
+from typing import Any, Dict, Iterator, Optional
 
 import torch
 from torch import nn
 
 logger = logging.getLogger(__name__)
 
-# what fairseq's --bf16 and --memory-efficient-bf16 set in the configuration's "common" group
-_BF16_FLAGS = ("bf16", "memory_efficient_bf16")
+#: How a run trains, by :func:`precision_mode`.
+FAIRSEQ, FP16_MASTERS, BF16_MASTERS, BF16_AUTOCAST = (
+    "fairseq", "fp16_masters", "bf16_masters", "bf16_autocast")
+MASTER_MODES = (FP16_MASTERS, BF16_MASTERS)
+
+# what fairseq's --bf16 and --memory-efficient-bf16 set in the configuration's "common" group,
+# and its --amp: the flags fairseq must not see while the plugin serves --bf16 --amp
+_AUTOCAST_FLAGS = ("bf16", "memory_efficient_bf16", "amp")
 
 
 def torch_xla_installed() -> bool:
     """Whether torch_xla (a TPU's runtime, which fairseq's own ``--bf16`` path needs) is
     installed."""
     return importlib.util.find_spec("torch_xla") is not None
+
+
+def _mode_of(trainer: Any) -> str:
+    """The trainer's :func:`precision_mode`, decided once, when it was made (the wrappers hide
+    flags from fairseq for a while; the mode must not follow them)."""
+    mode = trainer.__dict__.get("_vaswani_precision_mode")
+    if mode is None:
+        mode = trainer.__dict__["_vaswani_precision_mode"] = precision_mode(trainer.cfg)
+    return mode
+
+
+def precision_mode(cfg: Any) -> str:
+    """How the run of configuration ``cfg`` trains: :data:`FP16_MASTERS` (``--fp16``),
+    :data:`BF16_MASTERS` (``--bf16``), :data:`BF16_AUTOCAST` (``--bf16 --amp``) for the plugin's
+    runs; :data:`FAIRSEQ` (fairseq's own paths) for every other run and option."""
+    from .fairseq_patches.scope import is_our_run
+
+    common = cfg.common
+    if common.tpu or not is_our_run(cfg):
+        return FAIRSEQ
+    if common.memory_efficient_fp16 or common.memory_efficient_bf16 \
+            or getattr(common, "fp16_no_flatten_grads", False):
+        return FAIRSEQ
+    if common.bf16:
+        return BF16_AUTOCAST if common.amp else BF16_MASTERS
+    if common.fp16 and not common.amp:
+        return FP16_MASTERS
+    return FAIRSEQ
 
 
 def bf16_autocast(device_type: str) -> torch.autocast:
@@ -92,17 +125,9 @@ def autocast_forward_bf16(module: nn.Module, device_type: str) -> nn.Module:
     return module
 
 
-def uses_bf16_autocast(cfg: Any) -> bool:
-    """Whether a fairseq configuration asks for bfloat16 that the plugin serves by autocast:
-    ``--bf16`` or ``--memory-efficient-bf16`` while not on a TPU."""
-    common = cfg.common
-    return bool(common.bf16 or common.memory_efficient_bf16) and not common.tpu
-
-
 def release_bf16_from_tpu(cfg: Any) -> None:
     """Undo the ``--tpu`` that fairseq's option parser sets with ``--bf16`` when torch_xla is not
-    installed (it could not have worked); refuse ``--bf16`` combined with ``--amp``, another
-    mixed-precision mode, with one error line."""
+    installed (it could not have worked); refuse ``--bf16`` with ``--fp16`` in one error line."""
     common = cfg.common
     if not (common.bf16 or common.memory_efficient_bf16):
         return
@@ -111,24 +136,38 @@ def release_bf16_from_tpu(cfg: Any) -> None:
             section = cfg.get(group) if hasattr(cfg, "get") else getattr(cfg, group, None)
             if section is not None and "tpu" in section and section.tpu:
                 section.tpu = False
-    if not common.tpu and (common.amp or common.fp16):
-        other = "--amp" if common.amp else "--fp16"
-        raise SystemExit(f"error: --bf16 and {other} exclude each other; choose one precision")
+    if not common.tpu and common.fp16:
+        raise SystemExit("error: --bf16 and --fp16 exclude each other; choose one precision")
 
 
 @contextlib.contextmanager
 def _fairseq_sees_fp32(cfg: Any) -> Iterator[None]:
-    """Within the block, the configuration's bfloat16 flags read False, so that fairseq's own
-    code keeps the model in float32 and builds its plain float32 optimizer."""
+    """Within the block, the configuration's bfloat16 and autocast flags read False, so that
+    fairseq's own code keeps the model in float32, builds its plain float32 optimizer and takes
+    no ``--amp`` branch of its trainer."""
     common = cfg.common
-    saved = {flag: common[flag] for flag in _BF16_FLAGS}
+    saved = {flag: common[flag] for flag in _AUTOCAST_FLAGS}
     try:
-        for flag in _BF16_FLAGS:
+        for flag in _AUTOCAST_FLAGS:
             common[flag] = False
         yield
     finally:
         for flag, value in saved.items():
             common[flag] = value
+
+
+@contextlib.contextmanager
+def _fp16_optimizer_is(builder: Any) -> Iterator[None]:
+    """Within the block, the ``FP16Optimizer`` that fairseq's trainer builds for ``--fp16`` and
+    ``--bf16`` is ``builder`` (its ``build_optimizer(cfg, params)`` is called)."""
+    from fairseq import optim
+
+    fairseq_class = optim.FP16Optimizer
+    optim.FP16Optimizer = builder
+    try:
+        yield
+    finally:
+        optim.FP16Optimizer = fairseq_class
 
 
 @contextlib.contextmanager
@@ -147,9 +186,180 @@ def _tensor_cuda_stays_on_cpu() -> Iterator[None]:
         torch.Tensor.cuda = cuda  # type: ignore[method-assign]
 
 
-# -- the replacements of fairseq's functions, installed by :mod:`user_plugin.fairseq_patches`
-# (rows ``bf16_autocast`` and ``fp16_overflow_on_cpu``): each takes fairseq's original and
-# returns the function that goes in its place.
+class _MasterWeights:
+    """What the trainer keeps for its float32 masters until the optimizer exists: the float32
+    weights each parameter was rounded from (at start, the model as built; on a resume, the
+    checkpoint's), by ``id(parameter)``."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.pending: Optional[Dict[int, torch.Tensor]] = {
+            id(p): p.data for p in model.parameters() if p.dtype == torch.float32}
+
+    def on_load(self, module: nn.Module, state_dict: Dict[str, Any], prefix: str, *args: Any
+                ) -> None:
+        """``load_state_dict`` pre-hook of the model: remember the float32 weights loaded."""
+        by_name = {name: p for name, p in self.model.named_parameters(remove_duplicate=False)}
+        found = {}
+        for name, tensor in state_dict.items():
+            p = by_name.get(name[len(prefix):]) if name.startswith(prefix) else None
+            if p is not None and torch.is_tensor(tensor) and tensor.dtype == torch.float32 \
+                    and tensor.shape == p.shape:
+                found[id(p)] = tensor
+        self.pending = found
+
+    def initial(self, params: Any) -> list:
+        """For each of ``params``, the float32 weights to start its master from, or None."""
+        pending, self.pending = self.pending or {}, None
+        return [pending.get(id(p)) for p in params]
+
+
+# -- the replacements of fairseq's functions, installed by :mod:`user_plugin.fairseq_patches`:
+# each takes fairseq's original and returns the function that goes in its place.
+
+
+def call_main_bf16_without_tpu(call_main: Any) -> Any:
+    """fairseq's launcher ``distributed_utils.call_main``, after undoing the ``--tpu`` that
+    ``--bf16`` implies when torch_xla is not installed."""
+
+    @functools.wraps(call_main)
+    def call_main_without_tpu(cfg: Any, main: Any, **kwargs: Any) -> Any:
+        release_bf16_from_tpu(cfg)
+        return call_main(cfg, main, **kwargs)
+
+    return call_main_without_tpu
+
+
+def trainer_init_mixed_precision(init: Any) -> Any:
+    """``Trainer.__init__``: for ``--bf16 --amp``, no bfloat16 cast of the model and the
+    criterion's forward under bfloat16 autocast; for ``--fp16`` / ``--bf16`` (the plugin's
+    runs), fairseq's cast, after keeping the float32 weights the masters start from."""
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    @functools.wraps(init)
+    def trainer_init(self: Any, cfg: Any, task: Any, model: nn.Module, *args: Any,
+                     **kwargs: Any) -> None:
+        if isinstance(cfg, Namespace):
+            cfg = convert_namespace_to_omegaconf(cfg)
+        release_bf16_from_tpu(cfg)
+        mode = self._vaswani_precision_mode = precision_mode(cfg)
+        if mode == BF16_AUTOCAST:
+            with _fairseq_sees_fp32(cfg):
+                init(self, cfg, task, model, *args, **kwargs)
+            autocast_forward_bf16(self._criterion, self.device.type)
+            logger.info("bf16 autocast (--bf16 --amp): weights, gradients and optimizer state "
+                        "in float32; the forward pass and the loss under "
+                        "torch.autocast(bfloat16) on %s", self.device.type)
+            return
+        if mode not in MASTER_MODES:
+            init(self, cfg, task, model, *args, **kwargs)
+            return
+        masters = _MasterWeights(model)
+        init(self, cfg, task, model, *args, **kwargs)
+        self._vaswani_master_weights = masters
+        self._model.register_load_state_dict_pre_hook(masters.on_load)
+        self._model.register_load_state_dict_post_hook(
+            lambda module, keys: _masters_follow_loaded_weights(self))
+        logger.info("%s: %s weights and gradients, float32 master weights in one flat tensor "
+                    "(multi-tensor copies), %s", mode, "float16" if mode == FP16_MASTERS
+                    else "bfloat16", "fairseq's dynamic loss scaling"
+                    if mode == FP16_MASTERS else "no loss scaling")
+
+    return trainer_init
+
+
+def _masters_follow_loaded_weights(trainer: Any) -> None:
+    """After the model loaded a state dict: an optimizer already built takes the loaded float32
+    weights as its masters (otherwise its next update would bring back the old weights)."""
+    from .optimizers.float32_masters import Float32MasterOptimizer
+
+    optimizer = trainer._optimizer
+    masters = trainer._vaswani_master_weights
+    if isinstance(optimizer, Float32MasterOptimizer) and masters.pending:
+        optimizer.load_masters(masters.pending)
+        masters.pending = None
+
+
+def trainer_build_optimizer_mixed_precision(build_optimizer: Any) -> Any:
+    """``Trainer._build_optimizer``: under ``--bf16 --amp`` the plain float32 optimizer; under
+    the float32-master modes, :class:`Float32MasterOptimizer` where fairseq would build its
+    ``FP16Optimizer`` (everything else of fairseq's method, the LR scheduler included, runs as
+    it is)."""
+
+    @functools.wraps(build_optimizer)
+    def trainer_build_optimizer(self: Any) -> None:
+        mode = _mode_of(self)
+        if mode == BF16_AUTOCAST:
+            with _fairseq_sees_fp32(self.cfg):
+                build_optimizer(self)
+            return
+        if mode not in MASTER_MODES:
+            build_optimizer(self)
+            return
+        from .optimizers.float32_masters import Float32MasterOptimizer
+
+        masters = getattr(self, "_vaswani_master_weights", None)
+
+        class _Builder:
+            @staticmethod
+            def build_optimizer(cfg: Any, params: Any, **kwargs: Any) -> Any:
+                params = list(params)
+                initial = masters.initial(params) if masters is not None else None
+                return Float32MasterOptimizer.build_optimizer(cfg, params, initial, **kwargs)
+
+        with _fp16_optimizer_is(_Builder):
+            build_optimizer(self)
+
+    return trainer_build_optimizer
+
+
+def trainer_state_dict_float32_masters(state_dict: Any) -> Any:
+    """``Trainer.state_dict`` whose model weights are the float32 masters under the plugin's
+    ``--fp16`` / ``--bf16`` (a float32 checkpoint; exact resumes)."""
+
+    @functools.wraps(state_dict)
+    def trainer_state_dict(self: Any) -> Dict[str, Any]:
+        from .optimizers.float32_masters import Float32MasterOptimizer
+
+        state = state_dict(self)
+        optimizer = self._optimizer
+        if isinstance(optimizer, Float32MasterOptimizer) and isinstance(state.get("model"), dict):
+            masters = optimizer.master_of()
+            for name, tensor in self.model.state_dict(keep_vars=True).items():
+                master = masters.get(id(tensor))
+                if master is not None and name in state["model"]:
+                    state["model"][name] = master.detach()
+        return state
+
+    return trainer_state_dict
+
+
+def trainer_fp_convert_sample_bf16(fp_convert_sample: Any) -> Any:
+    """``Trainer._fp_convert_sample`` that leaves the batch alone under ``--bf16 --amp``:
+    autocast casts what it runs in bfloat16."""
+
+    @functools.wraps(fp_convert_sample)
+    def trainer_fp_convert_sample(self: Any, sample: Any) -> Any:
+        if _mode_of(self) == BF16_AUTOCAST:
+            return sample
+        return fp_convert_sample(self, sample)
+
+    return trainer_fp_convert_sample
+
+
+def trainer_train_step_mixed_precision(train_step: Any) -> Any:
+    """``Trainer.train_step``: under ``--bf16 --amp`` fairseq does not see its ``--amp`` (whose
+    branches expect fairseq's float16 gradient scaler); a CPU float16 step survives an
+    overflow (module description)."""
+
+    @functools.wraps(train_step)
+    def trainer_train_step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _mode_of(self) == BF16_AUTOCAST:
+            with _fairseq_sees_fp32(self.cfg):
+                return train_step(self, *args, **kwargs)
+        return train_step(self, *args, **kwargs)
+
+    return trainer_train_step
 
 
 def trainer_train_step_fp16_on_cpu(train_step: Any) -> Any:
@@ -165,66 +375,3 @@ def trainer_train_step_fp16_on_cpu(train_step: Any) -> Any:
             return train_step(self, *args, **kwargs)
 
     return trainer_train_step
-
-
-def call_main_bf16_without_tpu(call_main: Any) -> Any:
-    """fairseq's launcher ``distributed_utils.call_main``, after undoing the ``--tpu`` that
-    ``--bf16`` implies when torch_xla is not installed."""
-
-    @functools.wraps(call_main)
-    def call_main_without_tpu(cfg: Any, main: Any, **kwargs: Any) -> Any:
-        release_bf16_from_tpu(cfg)
-        return call_main(cfg, main, **kwargs)
-
-    return call_main_without_tpu
-
-
-def trainer_init_bf16_autocast(init: Any) -> Any:
-    """``Trainer.__init__`` without the bfloat16 cast of the model, the criterion's forward
-    under bfloat16 autocast (runs without ``--bf16``, and on a TPU, are untouched)."""
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
-    @functools.wraps(init)
-    def trainer_init(self: Any, cfg: Any, *args: Any, **kwargs: Any) -> None:
-        if isinstance(cfg, Namespace):
-            cfg = convert_namespace_to_omegaconf(cfg)
-        release_bf16_from_tpu(cfg)
-        if not uses_bf16_autocast(cfg):
-            init(self, cfg, *args, **kwargs)
-            return
-        with _fairseq_sees_fp32(cfg):
-            init(self, cfg, *args, **kwargs)
-        autocast_forward_bf16(self._criterion, self.device.type)
-        logger.info(
-            "bf16: weights, gradients and optimizer state in float32; the forward pass and "
-            "the loss under torch.autocast(bfloat16) on %s", self.device.type,
-        )
-
-    return trainer_init
-
-
-def trainer_build_optimizer_fp32(build_optimizer: Any) -> Any:
-    """``Trainer._build_optimizer`` that builds the plain float32 optimizer under ``--bf16``."""
-
-    @functools.wraps(build_optimizer)
-    def trainer_build_optimizer(self: Any) -> None:
-        if not uses_bf16_autocast(self.cfg):
-            build_optimizer(self)
-            return
-        with _fairseq_sees_fp32(self.cfg):
-            build_optimizer(self)
-
-    return trainer_build_optimizer
-
-
-def trainer_fp_convert_sample_bf16(fp_convert_sample: Any) -> Any:
-    """``Trainer._fp_convert_sample`` that leaves the batch alone under ``--bf16``: autocast
-    casts what it runs in bfloat16."""
-
-    @functools.wraps(fp_convert_sample)
-    def trainer_fp_convert_sample(self: Any, sample: Any) -> Any:
-        if uses_bf16_autocast(self.cfg):
-            return sample
-        return fp_convert_sample(self, sample)
-
-    return trainer_fp_convert_sample

@@ -11,6 +11,9 @@ is built or fetched here, once:
 * ``data/multi30k/``: Multi30k EN-DE prepared and binarized by the recipes' own prepare and
   binarize steps (Moses, BPE with 8,000 merges, joined dictionary: the demo's data), with the raw
   test reference for sacreBLEU;
+* ``data/wmt14_length_pairs.json``: the (source, target) lengths of newstest2014 EN-DE in BPE
+  tokens (``user_plugin/measurement/synthetic_corpus.py``), from which the speed section makes
+  its corpus on the GPU machine;
 * ``manifest.json``: the sha256 of every carried file. The check verifies it before it uses
   anything.
 
@@ -149,6 +152,21 @@ def prepare_multi30k(target: Path, shared_data: Path, tiny: bool) -> None:
         shutil.copy2(raw / "test.en", target / "test.raw.en")
 
 
+def prepare_lengths(target: Path, shared_data: Path) -> None:
+    """The length table of newstest2014 EN-DE (the speed section's corpus is drawn from it)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from user_plugin.measurement import synthetic_corpus
+
+    source = shared_data / "newstest2014-en-de"
+    if not source.is_dir():
+        raise CarryError(f"{source} not found (set VASWANI_SHARED_DATA)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    pairs = synthetic_corpus.length_pairs(source / "newstest2014.en", source / "newstest2014.de")
+    synthetic_corpus.write_length_pairs(pairs, target)
+    log(f"{target.name}: {len(pairs)} length pairs of newstest2014 EN-DE")
+
+
 def manifest_of(carry: Path) -> Dict[str, str]:
     return {str(p.relative_to(carry)): sha256(p) for p in sorted(carry.rglob("*"))
             if p.is_file() and p.name != "manifest.json"}
@@ -170,6 +188,8 @@ def check(carry: Path) -> List[str]:
         problems.append("no fairseq wheel")
     if "data/multi30k/dict.en.txt" not in recorded:
         problems.append("no Multi30k data")
+    if "data/wmt14_length_pairs.json" not in recorded:
+        problems.append("no WMT14 length table")
     return problems
 
 
@@ -182,6 +202,7 @@ def build(carry: Path, cache: Path, shared_data: Path, tiny: bool = False) -> No
     if not tiny:
         make_wheels(staging / "wheels", cache)
     prepare_multi30k(staging / "data" / "multi30k", shared_data, tiny)
+    prepare_lengths(staging / "data" / "wmt14_length_pairs.json", shared_data)
     files = manifest_of(staging)
     size = sum((staging / name).stat().st_size for name in files)
     if size > MAX_BYTES:

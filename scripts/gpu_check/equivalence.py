@@ -3,7 +3,8 @@
 built-in ``transformer``, and our criterion against fairseq's ``label_smoothed_cross_entropy``.
 
 For each precision (fp32; fp16 and bf16 as weights cast to that type, as fairseq's ``--fp16``
-does; bf16 also as autocast over float32 weights, as the plugin's ``--bf16`` trains) it measures:
+does; bf16 also as autocast over float32 weights, as the plugin's ``--bf16 --amp`` trains) it
+measures:
 
 * the training forward: max |log p_ours - log p_fairseq| over the real target positions;
 * incremental decoding, step by step: the same, over every step;
@@ -12,6 +13,13 @@ does; bf16 also as autocast over float32 weights, as the plugin's ``--bf16`` tra
 * the criterion (our fused projection + loss path against fairseq's criterion on full logits):
   |loss| and |nll| differences relative to the loss, and the largest parameter-gradient
   difference relative to that parameter's largest gradient (floored at 1e-3 of the model's).
+
+It also runs the float32-master optimizer of the plugin's ``--fp16`` / ``--bf16`` step by step
+on the device (``user_plugin/optimizers/master_weights_equivalence.py``, the functions the CPU
+tests run): against fairseq's ``FP16Optimizer`` in float16 (the same overflows, loss scales and
+weights, to the last bit with fairseq's ``adam`` inside) and in bfloat16, and bfloat16 weights
+with float32 masters against float32 training of a small Transformer (within
+``BF16_TOLERANCES``).
 
 Each figure is compared with the tolerance stated in :data:`TOLERANCES`; the script prints one
 JSON object (figures, tolerances, pass/fail) and exits 0 whether or not a check failed, so that
@@ -251,8 +259,34 @@ def run(device: str, size: str, precisions: List[str]) -> Dict:
         }
         figures["seconds"] = round(time.time() - start, 2)
         report["results"][precision] = figures
-    report["passed"] = all(all(r["passed"].values()) for r in report["results"].values())
+    report["master_weights"] = master_weights(device)
+    report["passed"] = all(all(r["passed"].values()) for r in report["results"].values()) \
+        and report["master_weights"]["passed"]
     return report
+
+
+def master_weights(device: str) -> Dict:
+    """The float32-master optimizer against fairseq's and against float32 training."""
+    from user_plugin.optimizers import master_weights_equivalence as equivalence
+
+    start = time.time()
+    fp16 = equivalence.fp16_against_fairseq(device, optimizer="adam")
+    fp16_fused = equivalence.fp16_against_fairseq(device, optimizer="vaswani_adam")
+    bf16 = equivalence.bf16_against_fairseq(device, optimizer="adam")
+    bf16_fp32 = equivalence.bf16_against_float32(device)
+    bf16_fp32.pop("losses")
+    passed = {
+        "fp16_same_as_fairseq": fp16["same_overflows"] and fp16["same_loss_scales"]
+        and fp16["overflows"] > 0 and fp16["max_weight_difference"] == 0.0,
+        "fp16_fused_adam_within_one_rounding": fp16_fused["same_overflows"]
+        and fp16_fused["max_weight_difference"] <= 4 * 2**-10,
+        "bf16_same_as_fairseq": bf16["max_weight_difference"] == 0.0,
+        "bf16_within_float32_tolerances": bf16_fp32["passed"],
+    }
+    return {"fp16_against_fairseq": fp16, "fp16_vaswani_adam_against_fairseq": fp16_fused,
+            "bf16_against_fairseq": bf16, "bf16_against_float32": bf16_fp32,
+            "checks": passed, "passed": all(passed.values()),
+            "seconds": round(time.time() - start, 2)}
 
 
 def main() -> int:

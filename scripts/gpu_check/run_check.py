@@ -16,11 +16,13 @@ Sections:
 
 ``equivalence``
     ``equivalence.py``: our model against fairseq's ``transformer`` with the same weights, on
-    the device, in fp32, fp16, bf16 (weights) and bf16 autocast (the plugin's ``--bf16``):
-    forward, incremental decoding, beam search, and the criterion with its fused loss.
+    the device, in fp32, fp16, bf16 (weights) and bf16 autocast (the plugin's ``--bf16 --amp``):
+    forward, incremental decoding, beam search, and the criterion with its fused loss; the
+    float32-master optimizer against fairseq's ``FP16Optimizer`` and against float32 training.
 ``training``
-    ``fairseq-train`` on Multi30k with ``vaswani_base`` in fp32, ``--fp16``,
-    ``--memory-efficient-fp16`` and the plugin's ``--bf16``, concurrently on the one GPU: the
+    ``fairseq-train`` on Multi30k with ``vaswani_base`` in fp32, ``--fp16`` and ``--bf16``
+    (float32 masters), ``--memory-efficient-fp16`` and ``--bf16 --amp`` (autocast),
+    concurrently on the one GPU: the
     loss must fall, without a loss-scale loop; the run is stopped, resumed from
     ``checkpoint_last.pt`` to the end, and its checkpoint decoded by ``fairseq-generate``.
 ``decoding``
@@ -29,21 +31,27 @@ Sections:
     decoded in a process without ``--user-dir``); sentences/s and identical hypotheses. With
     ``--sections demo,decoding`` it decodes the demo's trained model instead.
 ``speed``
-    training throughput at about the paper's 25k tokens per step, for base and big: stock
-    fairseq (``transformer_wmt_en_de`` / ``transformer_vaswani_wmt_en_de_big`` with its own
-    criterion and scheduler, in a process without the plugin) in fp16, ours in fp16 and bf16:
-    target tokens/s, peak memory and MFU (:func:`training_flops_per_target_token`).
-``profile``
-    ``torch.profiler`` over five training steps of base: stock fp16, ours fp16 and bf16; the
-    operator tables (by device time, by host time) are in the logs, the top rows in the report.
+    steady-state training throughput at about the paper's 25k target tokens per update, for
+    base and big, on a synthetic corpus made here in seconds with WMT14 EN-DE's sentence
+    lengths (``user_plugin/measurement/synthetic_corpus.py``; large enough that no epoch ends
+    inside a window): stock fairseq (``transformer_wmt_en_de`` /
+    ``transformer_vaswani_wmt_en_de_big`` with its own criterion and scheduler, ``--fp16``,
+    in a process without the plugin) and each variant of ours (:data:`VARIANTS`). Every run is
+    one ``fairseq-train`` process observed by ``user_plugin/measurement/train_step_probe.py``:
+    60 updates of warm-up not counted, then 300 (base) / 150 (big) updates in intervals, each
+    timed between two device synchronisations; the median interval's target tokens/s and the
+    spread; MFU (``user_plugin/measurement/flops.py``); then, in the same process, a
+    ``torch.profiler`` window of 3 updates (GPU-busy fraction, kernels and synchronisations
+    per update, the top kernels, the attention backend of each attention call) and one update
+    under ``torch.cuda.set_sync_debug_mode("warn")`` (every synchronisation, with its line,
+    and whether it was inside the forward-backward pass).
 ``demo``
     the Multi30k demo's configuration (``recipes/demo_multi30k.sh``) trained with ``--bf16``,
     averaged, decoded with the paper's settings and scored with sacreBLEU; wall time.
 
-Measured on one H200 (docs/gpu_check.md): the first four sections take about 7 minutes and
-the demo about 6, so one session's 15 minutes of device time holds them as two calls made back
-to back (``--sections equivalence,training,decoding,speed``, then ``--sections demo``), or the
-sections a previous session left unmeasured.
+Budgets (docs/gpu_check.md): ``speed`` for base and big with the core variants takes about
+8 minutes (its default budget, 480 s); ``--variants all`` adds the compiled and autocast
+variants.
 
 ``--device cpu --tiny`` runs the same sections with tiny models and few updates on a CPU with
 the current environment (``--no-install``): the test suite does this so that the check cannot
@@ -57,13 +65,13 @@ import json
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -71,19 +79,17 @@ REPO = Path(__file__).resolve().parents[2]
 KIT = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO))
 
-from user_plugin.files import UserError  # noqa: E402  (neither imports torch or fairseq)
+from user_plugin.measurement import flops  # noqa: E402  (neither imports torch or fairseq)
 from user_plugin.training_log import read_training_log  # noqa: E402
 
 PLUGIN = REPO / "user_plugin"
-SECTIONS = ("equivalence", "training", "decoding", "speed", "profile", "demo")
+SECTIONS = ("equivalence", "training", "decoding", "speed", "demo")
+PROBE = PLUGIN / "measurement" / "train_step_probe.py"
 #: Dense bf16/fp16 tensor-core peak of the H100 and H200 (SXM) on paper, TFLOP/s.
 PEAK_TFLOPS = 989.0
 
 # The paper's optimisation (§5.3) and regularisation (§5.4), as the recipes pass them.
 PAPER_OPTIMIZER = ["--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--adam-eps", "1e-9"]
-#: Our runs of the speed section, once per optimizer: fairseq's adam (a Python loop over the
-#: parameter tensors without apex) and the plugin's vaswani_adam (multi-tensor operations).
-OUR_OPTIMIZERS = ("adam", "vaswani_adam")
 OURS = ["--user-dir", str(PLUGIN), "--lr", "1", "--lr-scheduler", "vaswani_inverse_sqrt",
         "--criterion", "vaswani_label_smoothed_cross_entropy", "--label-smoothing", "0.1"]
 # Stock fairseq's own scheduler and criterion, with the paper's peak rate for base (7e-4 is
@@ -98,19 +104,56 @@ DEMO_MODEL = ["--encoder-layers", "3", "--decoder-layers", "3", "--encoder-embed
               "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024",
               "--decoder-ffn-embed-dim", "1024", "--encoder-attention-heads", "4",
               "--decoder-attention-heads", "4", "--dropout", "0.1", "--d-model", "256"]
-#: (stock arch, our arch, layers, d_model, d_ff) for the speed section.
-SPEED_SIZES = {"base": ("transformer_wmt_en_de", "vaswani_base", 6, 512, 2048),
-               "big": ("transformer_vaswani_wmt_en_de_big", "vaswani_big", 6, 1024, 4096)}
+
+
+@dataclass(frozen=True)
+class SpeedSize:
+    """One model size of the speed section and how its updates are made."""
+
+    stock_arch: str
+    our_arch: str
+    layers: int
+    d_model: int
+    d_ff: int
+    max_tokens: int  # per batch (source or target, padded)
+    update_freq: int  # batches per update
+    measured: int  # updates measured after the warm-up
+    interval: int  # updates per timed interval
+
+
+#: About 25k target tokens per update (the paper's 25k source + 25k target tokens per batch):
+#: WMT's sources are the longer side here and fairseq's --max-tokens counts the longer side of
+#: each padded batch, so ~29.5k of it hold ~25k target tokens; big takes two batches per update
+#: to stay well inside an H100's memory with stock fairseq's float32 log-softmax.
+SPEED_SIZES = {
+    "base": SpeedSize("transformer_wmt_en_de", "vaswani_base", 6, 512, 2048, 29500, 1, 300, 50),
+    "big": SpeedSize("transformer_vaswani_wmt_en_de_big", "vaswani_big", 6, 1024, 4096, 14750,
+                     2, 150, 25),
+}
+TINY_SIZE = {"tiny": SpeedSize("transformer", "vaswani_base", 1, 32, 64, 800, 1, 4, 2)}
+#: Updates of warm-up, not counted (CUDA and allocator warm-up, cuBLAS heuristics, compiles).
+SPEED_WARMUP = 60
+#: Updates profiled after the window, then one more under sync-debug mode.
+PROFILED_UPDATES = 3
+#: The variants of the speed section: (implementation, fairseq-train options). Ours use the
+#: plugin's vaswani_adam (one fused update over the flat float32 masters).
+VARIANTS = {
+    "stock-fp16": ("stock", ["--fp16"]),
+    "ours-bf16": ("ours", ["--bf16"]),
+    "ours-fp16": ("ours", ["--fp16"]),
+    "ours-bf16-compile": ("ours", ["--bf16", "--compile-layers",
+                                   "--required-seq-len-multiple", "8"]),
+    "ours-bf16-autocast": ("ours", ["--bf16", "--amp"]),
+}
+#: What one ~8-minute call measures; the rest when time is left or in another call.
+CORE_VARIANTS = ("stock-fp16", "ours-bf16", "ours-fp16")
+#: Paper's base schedule, for the projected training time: 100k updates (§5.3).
+PAPER_UPDATES = 100_000
 PRECISION_FLAGS = {"fp32": [], "fp16": ["--fp16"],
-                   "memory_efficient_fp16": ["--memory-efficient-fp16"], "bf16": ["--bf16"]}
+                   "memory_efficient_fp16": ["--memory-efficient-fp16"], "bf16": ["--bf16"],
+                   "bf16_autocast": ["--bf16", "--amp"]}
 TRANSLATED = re.compile(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s "
                         r"\(([\d.]+) sentences/s")
-
-
-def speed_run_name(size: str, impl: str, precision: str, optimizer: str) -> str:
-    """``speed-SIZE-IMPL-PRECISION``, with ``-OPTIMIZER`` when it is not fairseq's adam."""
-    suffix = "" if optimizer == "adam" else f"-{optimizer}"
-    return f"speed-{size}-{impl}-{precision}{suffix}"
 
 
 class Settings:
@@ -122,26 +165,21 @@ class Settings:
         self.train_updates = (6, 12) if tiny else (150, 300)
         self.train_tokens = 600 if tiny else 4096
         self.train_model = TINY_MODEL if tiny else []
-        self.speed_sizes = {"tiny": ("transformer", "vaswani_base", 1, 32, 64)} if tiny \
-            else SPEED_SIZES
-        self.speed_tokens = 800 if tiny else 25000
-        # the first interval (CUDA and allocator warm-up, cuBLAS heuristics) is not counted
-        self.speed_updates, self.speed_interval = (6, 2) if tiny else (80, 20)
-        self.speed_precisions = (["fp32"], ["fp32", "bf16"]) if device == "cpu" \
-            else (["fp16"], ["fp16", "bf16"])
+        self.speed_sizes = TINY_SIZE if tiny else SPEED_SIZES
+        self.speed_warmup = 2 if tiny else SPEED_WARMUP
+        self.speed_vocabulary = 800 if tiny else 32000
         self.demo_updates = 25 if tiny else 1800
         self.demo_model = TINY_MODEL + ["--d-model", "32"] if tiny else DEMO_MODEL
         self.demo_warmup = 10 if tiny else 800
         self.demo_save, self.demo_validate = (5, 10) if tiny else (100, 1000)
         self.equivalence_size = "tiny" if tiny else "small"
         # measured on one H200: equivalence 26 s, training 174 s (four runs at once), decoding
-        # 54 s, speed 130 s for three base runs at 30 updates (now five runs per size at 80
-        # updates: base's five fit in about 300 s, big gets the rest); the demo validates
-        # (beam search BLEU) at each of its 18 saves and ran 700 of its 1,800 updates in 130 s
+        # 54 s; the demo validates (beam search BLEU) at each of its 18 saves and ran 700 of
+        # its 1,800 updates in 130 s; speed: estimated (docs/gpu_check.md), each run stops
+        # where its budget ends and keeps the intervals it measured
         self.budgets = {"install": 60, "equivalence": 60,
-                        "training": 240 if tiny else 200, "decoding": 120 if tiny else 70,
-                        "speed": 300 if tiny else 420, "profile": 120 if tiny else 150,
-                        "demo": 240 if tiny else 420}
+                        "training": 300 if tiny else 240, "decoding": 120 if tiny else 70,
+                        "speed": 600 if tiny else 480, "demo": 240 if tiny else 420}
 
 
 class Check:
@@ -161,7 +199,8 @@ class Check:
         self.deadline = time.time() + args.budget
         self.report: Dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC",
                                                                  time.gmtime()),
-                                       "tiny": args.tiny, "sections": {}}
+                                       "tiny": args.tiny, "argv": sys.argv[1:],
+                                       "sections": {}}
         self.lines: List[str] = []
 
     # ---------------------------------------------------------------------------------------
@@ -209,10 +248,6 @@ class Check:
 
     def fairseq(self, module: str, args: Sequence[Any]) -> List[Any]:
         return [self.python, "-m", f"fairseq_cli.{module}", *args]
-
-    def measured(self, name: str, module: str, args: Sequence[Any]) -> List[Any]:
-        return [self.python, KIT / "measure.py", self.logs / f"{name}.memory.json",
-                f"fairseq_cli.{module}", *args]
 
     # ---------------------------------------------------------------------------------------
     # set-up
@@ -281,8 +316,6 @@ class Check:
 
     def train_one(self, precision: str, budget: float) -> Dict[str, Any]:
         s = self.settings
-        if precision == "fp16" and self.args.device == "cpu":
-            return {"status": "skipped", "reason": "--fp16 needs CUDA (FP16Optimizer)"}
         save_dir = self.work / "train" / precision
         first, last = s.train_updates
         started = time.time()
@@ -306,7 +339,7 @@ class Check:
             self.data, "--user-dir", PLUGIN, "--task", "vaswani_translation",
             "--path", save_dir / "checkpoint_last.pt", "--beam", "4", "--lenpen", "0.6",
             "--max-tokens", "8000", "--gen-subset", "test", "--post-process", "subword_nmt",
-            *s.cpu_args, *(["--fp16"] if precision == "fp16" else [])]),
+            *s.cpu_args, *(["--fp16"] if precision == "fp16" and not s.cpu_args else [])]),
             budget - (time.time() - started))
         decoded = TRANSLATED.search(generate["output"])
         figures = {
@@ -385,115 +418,159 @@ class Check:
             else "failed"
         return result
 
-    def speed_args(self, impl: str, size: str, precision: str,
-                   optimizer: str = "adam") -> List[Any]:
+    def speed_corpus(self) -> Dict[str, Any]:
+        """The synthetic corpus with WMT14's lengths (made once per check), large enough for
+        the longest run of the plan: its statistics."""
+        from user_plugin.measurement import synthetic_corpus
+
+        if getattr(self, "_speed_corpus", None) is not None:
+            return self._speed_corpus
         s = self.settings
-        stock_arch, our_arch, *_ = s.speed_sizes[size]
-        paper_optimizer = [optimizer if arg == "adam" else arg for arg in PAPER_OPTIMIZER]
-        args = [self.data, "--share-all-embeddings", *paper_optimizer,
-                "--warmup-updates", "4000", "--max-tokens", s.speed_tokens,
-                "--max-update", s.speed_updates, "--no-save", "--disable-validation",
-                "--log-format", "json", "--log-interval", s.speed_interval, "--seed", "1",
-                "--num-workers", "2" if not s.tiny else "0", *s.cpu_args,
-                *PRECISION_FLAGS[precision]]
+        pairs = synthetic_corpus.read_length_pairs(self.args.carry / "data"
+                                                   / synthetic_corpus.LENGTHS_FILE)
+        tokens_per_update = 25000 if not s.tiny else 800
+        updates = max(s.speed_warmup + size.measured + PROFILED_UPDATES + 2
+                      for size in s.speed_sizes.values())
+        started = time.time()
+        stats = synthetic_corpus.write_corpus(
+            self.work / "wmt_synthetic", pairs,
+            train_pairs=synthetic_corpus.pairs_for(tokens_per_update * updates, pairs),
+            valid_pairs=100, vocabulary=s.speed_vocabulary)
+        stats["seconds_to_make"] = round(time.time() - started, 1)
+        self._speed_corpus = stats
+        return stats
+
+    def speed_args(self, variant: str, size_name: str) -> List[Any]:
+        """The fairseq-train options of one speed run (the probe's come first)."""
+        s = self.settings
+        size = s.speed_sizes[size_name]
+        impl, flags = VARIANTS[variant]
+        last_measured = s.speed_warmup + size.measured
+        profile_first = last_measured + 1
+        sync_debug = profile_first + PROFILED_UPDATES
+        name = f"speed-{size_name}-{variant}"
+        probe = [PROBE, self.logs / f"{name}.probe.json",
+                 "--window", f"{s.speed_warmup}:{size.interval}:{size.measured // size.interval}",
+                 "--profile", f"{profile_first}:{PROFILED_UPDATES}",
+                 "--profile-table", self.logs / f"{name}.profile.txt",
+                 "--layers", f"{size.layers}:{size.layers}", "--sync-debug", sync_debug]
+        if impl == "stock" and "--fp16" in flags and self.args.device == "cpu":
+            probe.append("--fp16-masters-on-cpu")
+        optimizer = PAPER_OPTIMIZER if impl == "stock" else \
+            ["vaswani_adam" if arg == "adam" else arg for arg in PAPER_OPTIMIZER]
+        train = [self.work / "wmt_synthetic", "--share-all-embeddings", *optimizer,
+                 "--warmup-updates", "4000", "--max-tokens", size.max_tokens,
+                 "--update-freq", size.update_freq, "--max-update", sync_debug,
+                 "--no-save", "--disable-validation", "--log-format", "json",
+                 "--log-interval", size.interval, "--seed", "1",
+                 "--num-workers", "2" if not s.tiny else "0",
+                 "--fp16-init-scale", "8" if self.args.device == "cpu" else "128",
+                 *s.cpu_args, *flags, *(TINY_MODEL if s.tiny else [])]
         if impl == "stock":
-            return ["--arch", stock_arch, *STOCK, *args,
-                    *(TINY_MODEL if s.tiny else [])]
-        return ["--arch", our_arch, *OURS, *args, *(TINY_MODEL if s.tiny else [])]
+            train = ["--arch", size.stock_arch, *STOCK, *train]
+        else:
+            train = ["--arch", size.our_arch, *OURS, *train]
+        return [self.python, *probe, "--", "fairseq_cli.train", *train]
+
+    def speed_plan(self) -> List[tuple]:
+        """(size, variant) in the order they run, the most wanted first: stock fp16 and ours
+        bf16 of each size, then the other core variants, then the extra ones."""
+        chosen = self.args.variants
+        sizes = list(self.settings.speed_sizes)
+        first = [v for v in ("stock-fp16", "ours-bf16") if v in chosen]
+        core = [v for v in CORE_VARIANTS if v in chosen and v not in first]
+        extra = [v for v in chosen if v not in CORE_VARIANTS]
+        return [(size, v) for size in sizes for v in first] + \
+            [(size, v) for size in sizes for v in core] + \
+            [(size, v) for size in sizes for v in extra]
 
     def section_speed(self, budget: float) -> Dict[str, Any]:
         s = self.settings
         started = time.time()
-        stats = corpus_statistics(self.data)
-        results: Dict[str, Any] = {"tokens_per_step": s.speed_tokens, "updates": s.speed_updates,
-                                   "excluded_first_updates": s.speed_interval,
-                                   "stock_process": "fairseq-train without --user-dir "
-                                                    "(no plugin), fairseq's criterion and "
-                                                    "scheduler", "data": stats, "runs": {}}
-        stock_precisions, our_precisions = s.speed_precisions
-        plan = [(size, "stock", p, "adam") for size in s.speed_sizes for p in stock_precisions]
-        plan += [(size, "ours", p, o) for size in s.speed_sizes for p in our_precisions
-                 for o in OUR_OPTIMIZERS]
-        plan.sort(key=lambda item: list(s.speed_sizes).index(item[0]))
-        for size, impl, precision, optimizer in plan:
-            name = speed_run_name(size, impl, precision, optimizer)
+        stats = self.speed_corpus()
+        counts = flops.TokenCounts(stats["source_tokens"], stats["target_tokens"],
+                                   stats["source_squares"], stats["target_squares"],
+                                   stats["source_target"])
+        results: Dict[str, Any] = {
+            "warmup_updates": s.speed_warmup,
+            "measured_updates": {n: z.measured for n, z in s.speed_sizes.items()},
+            "tokens_per_update": {n: {"max_tokens": z.max_tokens, "update_freq": z.update_freq}
+                                  for n, z in s.speed_sizes.items()},
+            "stock_process": "fairseq-train without --user-dir (no plugin), fairseq's "
+                             "criterion and scheduler",
+            "corpus": stats, "flops_formula": flops.FORMULA,
+            "peak_tflops": PEAK_TFLOPS if self.args.device == "cuda" else None, "runs": {}}
+        plan = self.speed_plan()
+        for index, (size_name, variant) in enumerate(plan):
+            name = f"speed-{size_name}-{variant}"
             remaining = budget - (time.time() - started)
-            if remaining < 20:
+            if remaining < 30:
                 results["runs"][name] = {"status": "skipped", "reason": "out of time"}
                 continue
-            run = self.command(name, self.measured(name, "train", self.speed_args(
-                impl, size, precision, optimizer)), remaining, stock=impl == "stock")
-            if run["code"] != 0:
-                results["runs"][name] = failed(run)
-                continue
-            try:
-                series = read_training_log(self.logs / f"{name}.log").series("train", "wps")
-            except UserError as error:
-                results["runs"][name] = {"status": "failed", "error": str(error)}
-                continue
-            counted = [v for u, v in zip(series.updates, series.values) if u > s.speed_interval]
-            memory = json.loads((self.logs / f"{name}.memory.json").read_text())
-            wps = statistics.mean(counted) if counted else None
-            _, _, layers, dim, ffn = s.speed_sizes[size]
-            flops = training_flops_per_target_token(layers, dim, ffn, stats)
-            results["runs"][name] = {
-                "size": size, "impl": impl, "precision": precision, "optimizer": optimizer,
-                "target_tokens_per_s": wps, "peak_memory_gib": memory["peak_bytes"] / 2**30,
-                "flops_per_target_token": flops,
-                "mfu": wps * flops / (PEAK_TFLOPS * 1e12)
-                if wps and self.args.device == "cuda" else None,
-                "seconds": run["seconds"], "status": "passed" if wps else "failed",
-            }
-        for size in s.speed_sizes:
-            stock = results["runs"].get(f"speed-{size}-stock-{stock_precisions[0]}", {})
-            for precision in our_precisions:
-                for optimizer in OUR_OPTIMIZERS:
-                    name = speed_run_name(size, "ours", precision, optimizer)
-                    ours = results["runs"].get(name, {})
-                    if stock.get("target_tokens_per_s") and ours.get("target_tokens_per_s"):
-                        key = name.replace("speed-", "ratio_").replace("-", "_")
-                        results[f"{key}_over_stock_{stock_precisions[0]}"] = (
-                            ours["target_tokens_per_s"] / stock["target_tokens_per_s"])
+            # the runs left share what remains; the first runs of the plan come first
+            share = remaining if index == len(plan) - 1 else \
+                max(remaining / (len(plan) - index) * 1.5, min(remaining, 90.0))
+            run = self.command(name, self.speed_args(variant, size_name), share,
+                               stock=VARIANTS[variant][0] == "stock")
+            results["runs"][name] = self.speed_figures(name, size_name, variant, run, counts)
+        for size_name in s.speed_sizes:
+            stock = results["runs"].get(f"speed-{size_name}-stock-fp16", {})
+            for variant in VARIANTS:
+                ours = results["runs"].get(f"speed-{size_name}-{variant}", {})
+                if variant != "stock-fp16" and stock.get("target_tokens_per_s") \
+                        and ours.get("target_tokens_per_s"):
+                    key = f"ratio_{size_name}_{variant.replace('-', '_')}_over_stock_fp16"
+                    results[key] = ours["target_tokens_per_s"] / stock["target_tokens_per_s"]
         ran = [r for r in results["runs"].values() if r.get("status") != "skipped"]
         results["status"] = "passed" if ran and all(r["status"] == "passed" for r in ran) \
             else "failed"
         return results
 
-    def section_profile(self, budget: float) -> Dict[str, Any]:
-        """Where a training step's time goes: ``torch.profiler`` over a few steps of base, stock
-        fp16 and ours in each precision; the operator tables go to logs/ and the report keeps
-        the top rows."""
+    def speed_figures(self, name: str, size_name: str, variant: str, run: Dict[str, Any],
+                      counts: "flops.TokenCounts") -> Dict[str, Any]:
+        """One run's figures from its probe report (what it measured before any time limit)."""
         s = self.settings
-        first, count = (3, 2) if s.tiny else (25, 5)
-        size = next(iter(s.speed_sizes))
-        started = time.time()
-        results: Dict[str, Any] = {"steps": [first, first + count - 1], "size": size}
-        stock_precisions, our_precisions = s.speed_precisions
-        plan = [("stock", p) for p in stock_precisions] + [("ours", p) for p in our_precisions]
-        for impl, precision in plan:
-            name = f"profile-{size}-{impl}-{precision}"
-            table = self.logs / f"{name}.txt"
-            remaining = budget - (time.time() - started)
-            if remaining < 20:
-                results[name] = {"status": "skipped", "reason": "out of time"}
-                continue
-            args = self.speed_args(impl, size, precision)
-            args[args.index("--max-update") + 1] = str(first + count)
-            self.env["VASWANI_PROFILE"] = f"{table}:{first}:{count}"
-            try:
-                run = self.command(name, self.measured(name, "train", args), remaining,
-                                   stock=impl == "stock")
-            finally:
-                del self.env["VASWANI_PROFILE"]
-            if run["code"] != 0 or not table.exists():
-                results[name] = failed(run)
-                continue
-            results[name] = {"status": "passed",
-                             "top": table.read_text(encoding="utf-8").splitlines()[:16]}
-        ran = [r for k, r in results.items() if isinstance(r, dict) and "status" in r]
-        results["status"] = "passed" if ran and all(r["status"] in ("passed", "skipped")
-                                                     for r in ran) else "failed"
-        return results
+        size = s.speed_sizes[size_name]
+        probe_path = self.logs / f"{name}.probe.json"
+        probe = json.loads(probe_path.read_text()) if probe_path.exists() else {}
+        throughput = probe.get("throughput")
+        if not throughput:
+            return failed(run)
+        shape = flops.TransformerShape(size.layers, size.layers, size.d_model, size.d_ff,
+                                       s.speed_vocabulary)
+        per_token = flops.training_flops_per_target_token(shape, counts)
+        rate = throughput["median_target_tokens_per_s"]
+        per_update = throughput["target_tokens_per_update"]
+        complete = len(probe["intervals"]) * size.interval >= size.measured
+        figures = {
+            "size": size_name, "variant": variant, "impl": VARIANTS[variant][0],
+            "options": VARIANTS[variant][1], "target_tokens_per_s": rate,
+            "spread": throughput["spread"], "intervals": len(probe["intervals"]),
+            "interval_rates": [round(i["target_tokens_per_s"]) for i in probe["intervals"]],
+            "updates_measured": throughput["updates"], "target_tokens_per_update": per_update,
+            "peak_memory_gib": probe.get("peak_memory_bytes", 0) / 2**30,
+            "flops_per_target_token": per_token,
+            "mfu": flops.mfu(rate, per_token, PEAK_TFLOPS * 1e12)
+            if self.args.device == "cuda" else None,
+            "paper_base_schedule_hours": PAPER_UPDATES * per_update / rate / 3600,
+            "plugin_loaded": probe.get("plugin_loaded"), "seconds": run["seconds"],
+            "exit": run["code"],
+            "status": "passed" if complete and run["code"] == 0 else
+            ("partial" if probe.get("intervals") else "failed"),
+        }
+        if "profile" in probe:
+            profile = dict(probe["profile"])
+            profile["top_kernels"] = profile["top_kernels"][:10]
+            figures["profile"] = profile
+        if "sync_debug" in probe:
+            debug = probe["sync_debug"]
+            figures["sync_debug"] = {
+                "syncs": len(debug["warnings"]),
+                "in_forward_backward": debug["in_forward_backward"],
+                "where": sorted({w["where"] for w in debug["warnings"]})[:20]}
+        if figures["status"] == "partial":
+            figures["reason"] = f"time limit after {len(probe['intervals'])} intervals"
+        return figures
 
     def section_demo(self, budget: float) -> Dict[str, Any]:
         s = self.settings
@@ -604,48 +681,6 @@ def sacrebleu_of(hyps: Dict[int, str], reference: Path) -> Optional[float]:
     return round(sacrebleu.corpus_bleu(lines, [refs]).score, 2)
 
 
-def corpus_statistics(data: Path) -> Dict[str, float]:
-    """Token counts of the training split (with EOS), for the FLOP count: totals and the
-    length-weighted mean length sum(L^2) / sum(L) that attention's cost follows."""
-    from fairseq.data import Dictionary, data_utils
-
-    stats: Dict[str, float] = {}
-    for side, lang in (("source", "en"), ("target", "de")):
-        dictionary = Dictionary.load(str(data / f"dict.{lang}.txt"))
-        dataset = data_utils.load_indexed_dataset(str(data / f"train.en-de.{lang}"), dictionary)
-        sizes = dataset.sizes.astype("float64")
-        stats[f"{side}_tokens"] = float(sizes.sum())
-        stats[f"{side}_attention_length"] = float((sizes ** 2).sum() / sizes.sum())
-    stats["source_per_target"] = stats["source_tokens"] / stats["target_tokens"]
-    stats["vocabulary"] = len(dictionary)
-    return stats
-
-
-def training_flops_per_target_token(layers: int, d: int, ffn: int,
-                                    stats: Dict[str, float]) -> float:
-    """Model FLOPs of one training step per target token (forward + backward = 3 x forward;
-    a multiply-add counts 2; no recomputation):
-
-    encoder, per source token and layer: 8 d^2 (Q, K, V, output projections)
-        + 4 d d_ff (feed-forward) + 4 d L_s (Q K^T and A V over L_s keys);
-    decoder, per target token and layer: 8 d^2 (self-attention projections)
-        + 4 d^2 (encoder-decoder Q and output projections) + 4 d d_ff
-        + 4 d L_t (self-attention, full L_t x L_t as the kernels compute it) + 4 d L_s;
-        per source token and decoder layer: 4 d^2 (encoder-decoder K, V projections);
-    output projection: 2 d V per target token.
-
-    L_s, L_t are the length-weighted mean lengths sum(L^2)/sum(L) of the data; source tokens
-    per target token from the data too. The embedding lookups are not counted.
-    """
-    ls, lt = stats["source_attention_length"], stats["target_attention_length"]
-    ratio, vocab = stats["source_per_target"], stats["vocabulary"]
-    encoder = layers * (8 * d * d + 4 * d * ffn + 4 * d * ls)
-    decoder = layers * (12 * d * d + 4 * d * ffn + 4 * d * lt + 4 * d * ls)
-    cross_kv = layers * 4 * d * d
-    forward = ratio * (encoder + cross_kv) + decoder + 2 * d * vocab
-    return 3.0 * forward
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu_check_out")))
@@ -658,7 +693,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--budget", type=float, default=540.0,
                         help="seconds for all the sections asked for")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument("--variants", default=",".join(CORE_VARIANTS),
+                        help="speed variants, or 'all' (default: the core ones: "
+                             f"{', '.join(CORE_VARIANTS)}; all: {', '.join(VARIANTS)})")
     args = parser.parse_args(argv)
+    args.variants = list(VARIANTS) if args.variants == "all" else \
+        [v for v in args.variants.split(",") if v]
+    unknown_variants = sorted(set(args.variants) - set(VARIANTS))
+    if unknown_variants:
+        parser.error(f"unknown variant(s) {unknown_variants}; choose from {', '.join(VARIANTS)}")
     sections = [s for s in args.sections.split(",") if s]
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:

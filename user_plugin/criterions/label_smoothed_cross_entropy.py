@@ -82,6 +82,22 @@ class _LabelSmoothedLoss(torch.autograd.Function):
         return grad.to(logits.dtype), None, None, None
 
 
+def non_pad_rows(keep: Tensor, count: Optional[int]) -> Tensor:
+    """The indices of the True entries of ``keep`` ([N], bool), in order.
+
+    With ``count``, the number of True entries known on the host (a translation batch's
+    ``ntokens``: its non-pad target tokens), they are found without reading ``keep`` on the
+    host: a stable sort puts the kept rows first, and the first ``count`` are taken (boolean
+    indexing or ``nonzero`` would wait for the device to say how many there are). The count is
+    checked on the device, asynchronously. Without it, ``nonzero``.
+    """
+    if not isinstance(count, int) or isinstance(count, bool):
+        return keep.nonzero().squeeze(1)
+    torch._assert_async(keep.sum() == count,
+                        "the batch's ntokens differs from its number of non-pad targets")
+    return torch.argsort(keep.logical_not().to(torch.uint8), stable=True)[:count]
+
+
 def _fusable_output_weight(model) -> Optional[Tensor]:
     """The pre-softmax weight when ``model``'s decoder is ours with its plain output layer
     (no adaptive softmax, no overridden ``output_layer``) and gradients are not float16,
@@ -131,9 +147,10 @@ class LabelSmoothedCrossEntropy(FairseqCriterion):
             features, extra = model(**sample["net_input"], features_only=True)
             target = model.get_targets(sample, (features, extra)).reshape(-1)
             keep = target.ne(self.padding_idx)
+            rows = non_pad_rows(keep, sample.get("ntokens"))
             loss, nll_loss, correct = fused_projection_label_smoothed_loss(
-                features.reshape(-1, features.size(-1))[keep], weight, target[keep], self.eps,
-                count_correct=self.report_accuracy,
+                features.reshape(-1, features.size(-1)).index_select(0, rows), weight,
+                target.index_select(0, rows), self.eps, count_correct=self.report_accuracy,
             )
         else:
             net_output = model(**sample["net_input"])
@@ -154,8 +171,9 @@ class LabelSmoothedCrossEntropy(FairseqCriterion):
             "sample_size": sample_size,
         }
         if self.report_accuracy:
-            logging_output["n_correct"] = utils.item(correct)
-            logging_output["total"] = utils.item(keep.sum())
+            # tensors: read on the host by reduce_metrics, after the backward pass
+            logging_output["n_correct"] = correct.detach()
+            logging_output["total"] = keep.sum()
         return loss, sample_size, logging_output
 
     @staticmethod
@@ -178,10 +196,11 @@ class LabelSmoothedCrossEntropy(FairseqCriterion):
         metrics.log_scalar("loss", loss_sum / sample_size / math.log(2), sample_size, round=3)
         metrics.log_scalar("nll_loss", nll_sum / ntokens / math.log(2), ntokens, round=3)
         metrics.log_derived("ppl", lambda meters: utils.get_perplexity(meters["nll_loss"].avg))
-        total = sum(log.get("total", 0) for log in logging_outputs)
+        total = utils.item(sum(log.get("total", 0) for log in logging_outputs))
         if total > 0:
             metrics.log_scalar("total", total)
-            metrics.log_scalar("n_correct", sum(log.get("n_correct", 0) for log in logging_outputs))
+            metrics.log_scalar("n_correct", utils.item(sum(log.get("n_correct", 0)
+                                                           for log in logging_outputs)))
             metrics.log_derived(
                 "accuracy",
                 lambda meters: round(meters["n_correct"].sum * 100.0 / meters["total"].sum, 3),

@@ -91,6 +91,7 @@ OPTION_MAPPING: dict[str, str] = {
     "alignment_layer": "not exported",
     "alignment_heads": "not exported",
     "full_context_alignment": "not exported",
+    "compile_layers": "not exported",
 }
 
 #: Our criteria -> the stock criterion that computes the same loss.

@@ -119,8 +119,7 @@ class VaswaniDecoder(TransformerStack, FairseqIncrementalDecoder):
         self_attn_mask, beam, causal = None, None, True
         if incremental_state is None and full_context_alignment:
             causal = False
-            padding = tokens.eq(self.padding_idx)
-            self_attn_mask = key_padding_to_attn_mask(padding) if padding.any() else None
+            self_attn_mask = key_padding_to_attn_mask(tokens.eq(self.padding_idx))
         elif incremental_state is None:
             self_attn_mask = self._self_attention_mask(tokens)
         else:
@@ -133,7 +132,7 @@ class VaswaniDecoder(TransformerStack, FairseqIncrementalDecoder):
         if encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
             enc = encoder_out["encoder_out"][0]
             padding = encoder_out["encoder_padding_mask"]
-            if len(padding) > 0 and padding[0].any():
+            if len(padding) > 0:
                 enc_mask = key_padding_to_attn_mask(padding[0])
 
         if alignment_layer is None:
@@ -143,16 +142,21 @@ class VaswaniDecoder(TransformerStack, FairseqIncrementalDecoder):
         states: List[Tensor] = [x]
         attentions: List[Dict[str, Optional[Tensor]]] = []
         for index, layer in enumerate(self.layers):
-            x, weights = layer(
-                x,
-                enc,
-                enc_mask,
-                self_attn_mask=self_attn_mask,
-                causal=causal,
-                incremental_state=incremental_state,
-                need_weights=need_attn or (align and index == aligned),
-                beam=beam,
-            )
+            need_weights = need_attn or (align and index == aligned)
+            if incremental_state is None and not need_weights:
+                x, weights = self.run_layer(index, layer, x, enc, enc_mask,
+                                            self_attn_mask=self_attn_mask, causal=causal)
+            else:
+                x, weights = layer(
+                    x,
+                    enc,
+                    enc_mask,
+                    self_attn_mask=self_attn_mask,
+                    causal=causal,
+                    incremental_state=incremental_state,
+                    need_weights=need_weights,
+                    beam=beam,
+                )
             states.append(x)
             attentions.append(weights)
         x = self.final_norm(x)
@@ -207,19 +211,19 @@ class VaswaniDecoder(TransformerStack, FairseqIncrementalDecoder):
                 if result is not None:
                     incremental_state = result
 
-    def _self_attention_mask(self, tokens: Tensor) -> Optional[Tensor]:
-        """None (plain causal mask) unless a pad is followed by a real token in some row.
+    def _self_attention_mask(self, tokens: Tensor) -> Tensor:
+        """The masked self-attention's mask (§3.2.3) for a whole target batch ``[B, T]``:
+        ``[B, 1, T, T]``, True where position i may see position j: ``j <= i`` and j is not a
+        pad, and every position sees itself (so that no row of the softmax is empty).
 
-        Right padding needs no mask beyond the causal one: real positions never see a later
-        pad. Padding elsewhere gets an explicit mask hiding pads, where each position still
-        sees itself so that no row of the softmax is empty.
+        Built for every batch, whatever its padding: deciding whether a plain causal mask would
+        do (right padding) would read the batch on the host, a synchronisation of the device
+        inside the forward pass. Real positions get the same attention either way.
         """
-        padding = tokens.eq(self.padding_idx)
-        if not (padding[:, :-1] & ~padding[:, 1:]).any():
-            return None
         length = tokens.size(1)
-        allowed = causal_mask(length, length, tokens.device)[None, :, :] & ~padding[:, None, :]
-        allowed = allowed | torch.eye(length, dtype=torch.bool, device=tokens.device)
+        allowed = causal_mask(length, length, tokens.device)
+        allowed = (allowed & tokens.ne(self.padding_idx)[:, None, :]) \
+            | torch.eye(length, dtype=torch.bool, device=tokens.device)
         return allowed[:, None, :, :]
 
     def output_layer(self, features: Tensor) -> Tensor:

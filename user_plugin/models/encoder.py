@@ -48,11 +48,15 @@ class VaswaniEncoder(TransformerStack, FairseqEncoder):
         check_length(src_tokens.size(1), self.stack.max_positions, "--max-source-positions")
         padding_mask = src_tokens.eq(self.padding_idx)
         x = self.embed(src_tokens, token_positions(src_tokens, self.padding_idx))
-        attn_mask = key_padding_to_attn_mask(padding_mask) if padding_mask.any() else None
+        # always a mask: asking whether the batch has padding would read it on the host
+        attn_mask = key_padding_to_attn_mask(padding_mask)
         states: List[Tensor] = []
         attentions: List[Tensor] = []
-        for layer in self.layers:
-            x, weights = layer(x, attn_mask, need_weights=need_attn)
+        for index, layer in enumerate(self.layers):
+            if need_attn:
+                x, weights = layer(x, attn_mask, need_weights=True)
+            else:
+                x, weights = self.run_layer(index, layer, x, attn_mask)
             if return_all_hiddens:
                 states.append(x)
             if weights is not None:

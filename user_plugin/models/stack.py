@@ -10,13 +10,22 @@ nothing: a LayerNorm on the embeddings, no positional encoding, no final LayerNo
 (Fan et al. 2019: whole layers skipped at random while training), activation checkpointing
 (each layer's activations recomputed in the backward pass, optionally kept on the CPU), FSDP
 wrapping of each layer, and quantization noise on the layers' linear weights (Fan et al. 2020).
+
+``--compile-layers`` runs every layer of a training forward pass through ``torch.compile``
+(:meth:`TransformerStack.run_layer`): inductor fuses each layer's elementwise work (dropout,
+residual additions, LayerNorm, ReLU) into a few kernels, where eager PyTorch launches one per
+operation. The layers of a stack share their code, so they share the compiled graph (their
+weights are its inputs); shapes are dynamic from the start, so a new batch shape does not
+compile again. Decoding, and any call that wants attention weights, stays eager. Compiled
+dropout draws its masks from inductor's generator: other masks than eager's, the same law.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, List
+from typing import Any, Callable, List
 
+import torch
 import torch.nn.functional as F
 from fairseq.distributed import fsdp_wrap
 from fairseq.modules import LayerDropModuleList
@@ -61,6 +70,21 @@ class TransformerStack:
                        else nn.ModuleList(layers))
         self.layer_norm = (nn.LayerNorm(stack.embed_dim)
                            if stack.normalize_before and stack.final_norm else None)
+        # the compiled callables of the layers, made on first use; a plain list, so that they
+        # are no submodules (the state dict and the parameters stay the layers' own)
+        self._compiled_layers: List[Any] = []
+
+    def run_layer(self, index: int, layer: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        """``layer(*args, **kwargs)``: compiled (``--compile-layers``) in a training forward
+        pass that computes gradients, eager otherwise."""
+        if not (self.stack.compile_layers and self.training and torch.is_grad_enabled()):
+            return layer(*args, **kwargs)
+        compiled = {id(c._orig_mod): c for c in self._compiled_layers}
+        function = compiled.get(id(layer))
+        if function is None:
+            function = torch.compile(layer, dynamic=True)
+            self._compiled_layers.append(function)
+        return function(*args, **kwargs)
 
     @staticmethod
     def _prepare_layer(layer: nn.Module, stack: StackConfig) -> nn.Module:

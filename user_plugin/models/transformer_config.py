@@ -180,6 +180,12 @@ class VaswaniTransformerConfig(FairseqDataclass):
         metadata={"help": "as --checkpoint-activations, keeping the layer inputs on the CPU; "
                           "sets --checkpoint-activations"},
     )
+    compile_layers: bool = field(
+        default=False,
+        metadata={"help": "while training, run each layer through torch.compile (fused "
+                          "kernels, fewer launches on a GPU; dropout draws other masks); "
+                          "pair with --required-seq-len-multiple 8 to keep shapes few"},
+    )
     min_params_to_wrap: int = field(
         default=DEFAULT_MIN_PARAMS_TO_WRAP,
         metadata={"help": "with --ddp-backend fully_sharded, wrap layers of at least this many "
@@ -286,6 +292,7 @@ class StackConfig:
     min_params_to_wrap: int = DEFAULT_MIN_PARAMS_TO_WRAP  # FSDP wrapping threshold
     quant_noise_pq: float = 0.0  # Quant-Noise rate on the layers' linear weights
     quant_noise_pq_block_size: int = 8
+    compile_layers: bool = False  # training runs each layer through torch.compile
     cross_attention: bool = True  # decoder layers have encoder-decoder attention (§3.2.3)
     cross_self_attention: bool = False  # decoder self-attention sees the encoder output too
 
@@ -329,6 +336,7 @@ class StackConfig:
             min_params_to_wrap=cfg.min_params_to_wrap,
             quant_noise_pq=float(cfg.quant_noise_pq or 0.0),
             quant_noise_pq_block_size=cfg.quant_noise_pq_block_size,
+            compile_layers=bool(getattr(cfg, "compile_layers", False)),
             cross_attention=not cfg.no_cross_attention,
             cross_self_attention=decoder and bool(cfg.cross_self_attention),
         )

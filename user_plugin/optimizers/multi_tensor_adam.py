@@ -6,14 +6,15 @@ versions), fairseq's ``--optimizer adam`` runs its own Python ``Adam``, a loop o
 parameter tensor with about ten tensor operations each, and fairseq's gradient-norm function
 computes one norm per tensor. A base Transformer has about 190 parameter tensors, so one update
 launches some 2,000 small operations (CUDA kernels on a GPU) before the model's next forward
-pass can start. Under ``--fp16`` fairseq flattens the float32 master weights into one tensor and
-the loop runs once; in float32 and under the plugin's ``--bf16`` (autocast over float32 weights)
-it runs in full. Here the update is PyTorch's ``AdamW`` over all tensors at once (its
-``fused`` form by default: one operation for the whole update; ``foreach``: one per step of the
-formula) and the norm is PyTorch's multi-tensor norm, so an update costs five operator calls
-whatever the number of tensors. On a 2-core CPU it is also 2.2 times faster than fairseq's for
-the base model's 253 tensors (``scripts/benchmark_optimizer.py``); ``foreach`` is slower there
-(PyTorch runs it tensor by tensor on a CPU) and is offered for GPUs.
+pass can start. Under fairseq's ``--fp16`` and the plugin's ``--fp16`` / ``--bf16`` the float32
+master weights are one flat tensor and the loop runs once; in float32 and under the plugin's
+``--bf16 --amp`` (autocast over float32 weights) it runs in full. Here the update is PyTorch's
+``AdamW`` over all tensors at once (its ``fused`` form by default: one operation for the whole
+update; ``foreach``: one per step of the formula) and the norm is PyTorch's multi-tensor norm,
+so an update costs five operator calls whatever the number of tensors. On a 2-core CPU it is
+also 2.2 times faster than fairseq's for the base model's 253 tensors
+(``scripts/benchmark_optimizer.py``); ``foreach`` is slower there (PyTorch runs it tensor by
+tensor on a CPU) and is offered for GPUs.
 
 The update is fairseq's, to rounding: weight decay, if any, is decoupled (fairseq's ``adam`` is
 AdamW too), with no AMSGrad. The two codes place epsilon differently: fairseq's divides by
