@@ -179,6 +179,17 @@ PATCHES: Tuple[Patch, ...] = (
         "autocast over float32 weights",
     ),
     Patch(
+        "optimizer_state_layouts",
+        _one("fairseq.trainer:Trainer.load_checkpoint",
+             "user_plugin.optimizers.state_layouts:trainer_load_checkpoint_converting_layouts"),
+        "runs of the plugin's model or task only (scope.is_our_run): a checkpoint whose "
+        "optimizer state another precision mode wrote (per tensor: the plain optimizer, "
+        "--bf16 --amp, --memory-efficient-fp16; flat: FP16Optimizer, Float32MasterOptimizer) "
+        "resumes with its state converted, one log line (fairseq alone: 'AssertionError: "
+        "Optimizer does not match; please reset the optimizer (--reset-optimizer). FairseqAdam "
+        "vs Float32MasterOptimizer'); what cannot be converted is one error line",
+    ),
+    Patch(
         "fp16_overflow_on_cpu",
         _one("fairseq.trainer:Trainer.train_step", f"{_PRECISION}:trainer_train_step_fp16_on_cpu"),
         "--fp16 / --memory-efficient-fp16 --cpu survive a loss-scale overflow (fairseq's trainer "
