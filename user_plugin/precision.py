@@ -31,8 +31,11 @@ The checkpoints keep ``common.bf16 = True`` in their configuration: it records h
 trained. ``scripts/benchmark.py --dtype bf16`` uses :func:`autocast_forward_bf16` and
 :func:`bf16_autocast` as training does.
 
-float16: fairseq's ``--fp16`` needs CUDA (``FP16Optimizer`` asks for the current CUDA device),
-but ``--memory-efficient-fp16 --cpu`` trains on a CPU: float16 weights, dynamic loss scaling.
+float16: fairseq's ``--fp16`` needs CUDA (``FP16Optimizer`` asks for the current CUDA device;
+fairseq alone fails at the first update with a 147-line ``AssertionError: Torch not compiled
+with CUDA enabled``); the trainer refuses it on a CPU in one line, before anything is built,
+naming what works there (:func:`refuse_fp16_without_cuda`). ``--memory-efficient-fp16 --cpu``
+trains on a CPU: float16 weights, dynamic loss scaling.
 When the scaled gradients overflow, fairseq's trainer lowers the scale, skips the update, and
 then sets the step's gradient norm with ``torch.tensor(0.0).cuda()``, which fails without CUDA.
 During a CPU trainer's float16 step, ``Tensor.cuda`` returns the tensor itself, so that the
@@ -179,6 +182,24 @@ def call_main_bf16_without_tpu(call_main: Any) -> Any:
     return call_main_without_tpu
 
 
+def refuse_fp16_without_cuda(cfg: Any) -> None:
+    """One line (:class:`~user_plugin.files.errors.UserError`) for ``--fp16`` on a CPU:
+    fairseq's ``FP16Optimizer`` keeps its float32 master weights on the current CUDA device,
+    so the run would fail at its first update; ``--memory-efficient-fp16`` and ``--bf16`` train
+    on a CPU."""
+    from .files.errors import UserError
+
+    common = cfg.common
+    if not common.fp16 or common.memory_efficient_fp16 or common.bf16 or common.amp:
+        return
+    if common.cpu or not torch.cuda.is_available():
+        where = "--cpu was given" if common.cpu else "this machine has no CUDA device"
+        raise UserError(f"--fp16 needs a CUDA GPU (fairseq keeps its float32 master weights "
+                        f"there) and {where}; on a CPU, train with --memory-efficient-fp16 "
+                        "(float16 weights, loss scaling) or --bf16 (bfloat16 autocast), or "
+                        "without either (float32)")
+
+
 def trainer_init_bf16_autocast(init: Any) -> Any:
     """``Trainer.__init__`` without the bfloat16 cast of the model, the criterion's forward
     under bfloat16 autocast (runs without ``--bf16``, and on a TPU, are untouched)."""
@@ -188,6 +209,7 @@ def trainer_init_bf16_autocast(init: Any) -> Any:
     def trainer_init(self: Any, cfg: Any, *args: Any, **kwargs: Any) -> None:
         if isinstance(cfg, Namespace):
             cfg = convert_namespace_to_omegaconf(cfg)
+        refuse_fp16_without_cuda(cfg)
         release_bf16_from_tpu(cfg)
         if not uses_bf16_autocast(cfg):
             init(self, cfg, *args, **kwargs)

@@ -63,7 +63,7 @@ from .files.checkpoints import (
     save_checkpoint,
     state_dict_mismatch,
 )
-from .files.errors import UserError, file_error
+from .files.errors import UserError, file_error, on_interrupt
 from .files.fingerprint import (
     ARCHITECTURE,
     architecture_mismatch,
@@ -113,12 +113,30 @@ def claim_save_dir(save_dir: str | os.PathLike) -> DirectoryLock:
         return _locks[directory]
     lock = DirectoryLock.acquire(directory, LOCK_NAME, "training run")
     _locks[directory] = lock
+    on_interrupt(interrupted_note)
     if lock.previous_holder:
         logger.info(f"took over the lock of {directory}: its holder ended without releasing it "
                     f"({lock.previous_holder})")
     for path, size in remove_orphans(directory):
         logger.info(f"removed {path.name} ({size:,} bytes), a partial file of a killed save")
     return lock
+
+
+def interrupted_note() -> str | None:
+    """What an interrupt (Ctrl-C) leaves of the run whose save directory this process holds:
+    its last checkpoint, which a rerun of the same command resumes from (saves are atomic, so
+    a save cut short left nothing), or that none was saved yet; None when it holds none."""
+    held = [directory for directory, lock in _locks.items() if lock.held]
+    if not held:
+        return None
+    last = held[-1] / LAST
+    if not last.is_file():
+        return (f"no checkpoint was saved in {held[-1]} yet: rerunning the same command starts "
+                "training from the beginning")
+    state = read_metadata(last)
+    update = f" (update {num_updates(state)})" if state is not None else ""
+    return (f"the last checkpoint saved is {last}{update}, intact: rerun the same command to "
+            "resume from it")
 
 
 def remove_orphans(directory: Path) -> list[tuple[Path, int]]:

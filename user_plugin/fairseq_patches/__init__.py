@@ -156,7 +156,9 @@ PATCHES: Tuple[Patch, ...] = (
                         f"{_PRECISION}:trainer_fp_convert_sample_bf16"),
         ),
         "--bf16 trains by bfloat16 autocast on CUDA and CPU; fairseq turns --tpu on with it and "
-        "died with \"'NoneType' object has no attribute 'xla_device'\" without torch_xla",
+        "died with \"'NoneType' object has no attribute 'xla_device'\" without torch_xla. "
+        "--fp16 without CUDA is one line naming what works on a CPU (fairseq alone: a 147-line "
+        "'AssertionError: Torch not compiled with CUDA enabled' at the first update)",
     ),
     Patch(
         "fp16_overflow_on_cpu",

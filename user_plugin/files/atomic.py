@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .errors import UserError, file_error
+from .errors import UserError, file_error, note_written
 from .training_state import training_checkpoint_problem
 
 #: The ending of every temporary file or directory of an atomic write.
@@ -186,6 +186,8 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None],
         write(temp)
         os.chmod(temp, _usual_mode())
         os.replace(temp, path)
+        if not any(temp_destination(parent) for parent in path.parents):
+            note_written(path)  # not a file of a directory being staged
     except BaseException as error:
         try:
             os.unlink(temp)
