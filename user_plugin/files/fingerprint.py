@@ -181,8 +181,8 @@ def architecture_mismatch(expected: Mapping[str, Any], found: Mapping[str, Any],
         return None
     theirs = ", ".join(option_words(name, found.get(name)) for name in names)
     ours = ", ".join(option_words(name, expected.get(name)) for name in names)
-    return (f"{found_name} was trained with {theirs} but {expected_name} has {ours}: the same "
-            "parameters compute another function with these options")
+    return (f"{found_name} was trained with {theirs} but {expected_name} with {ours}: the "
+            "same parameters compute another function with these options")
 
 
 def stored_fingerprint(state: Mapping) -> dict[str, Any] | None:
