@@ -417,8 +417,8 @@ def test_resuming_with_another_layout_is_one_line_and_changes_nothing(trained_mu
     proc = run_cli("train", train_into(trained_multi30k, save_dir, "--encoder-normalize-before"))
     line = error_line(proc.stderr)
     assert proc.returncode == 1 and proc.stderr.count("Traceback") == 0
-    assert "its parameters do not fit" in line and "encoder.layer_norm.weight" in line
-    assert str(save_dir / "checkpoint_last.pt") in line and "--encoder-normalize-before" in line
+    assert (f"cannot resume: {save_dir / 'checkpoint_last.pt'} was trained with no "
+            "--encoder-normalize-before but this run with --encoder-normalize-before") in line
     assert {k: v for k, v in snapshot(save_dir).items() if "lock" not in k} == \
         {k: v for k, v in before.items() if "lock" not in k}
 
