@@ -33,10 +33,17 @@ and the trainer look up there at call time, so that:
   token order, and the language direction) under the top-level key
   :data:`~user_plugin.files.fingerprint.KEY`, added to the state fairseq saves. A resume on
   data whose fingerprint differs (same-size dictionaries in another order, swapped languages)
-  is one line naming both fingerprints; ``load_model_ensemble_and_task`` (fairseq-generate's
-  ``--path a:b`` ensembles, the hub, the export) refuses checkpoints whose fingerprints differ
-  from each other or whose dictionaries differ from the data's. A checkpoint without a
-  fingerprint (older) is used with one note line saying it cannot be checked.
+  is one line naming both fingerprints, and so is a resume with other architecture options
+  that leave the shapes alone (4 heads resumed with 8...: the fingerprint's architecture
+  part, read from ``cfg.model``), naming each option with both values;
+  ``load_model_ensemble_and_task`` (fairseq-generate's ``--path a:b`` ensembles, the hub, the
+  export) refuses checkpoints whose fingerprints differ from each other or whose dictionaries
+  differ from the data's, and uses a checkpoint holding the same parameters as an earlier one
+  once (one note line). A checkpoint without a fingerprint (older) is used with one note line
+  saying what cannot be checked.
+* **An interrupt says what was left.** Ctrl-C in a run that holds its save directory prints
+  one line naming the last checkpoint saved (intact: saves are atomic) and that rerunning the
+  same command resumes from it, or that none was saved yet (:func:`interrupted_note`).
 * **Every checkpoint fairseq reads is verified**, in every command that loads the plugin
   (``fairseq-generate``, ``fairseq-interactive``...): a damaged, truncated or foreign file is
   one line naming it.

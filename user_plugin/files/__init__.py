@@ -22,7 +22,13 @@
   :func:`save_checkpoint` (atomic, verified), :func:`torch_save` (a full disk as an
   ``OSError``), :func:`state_dict_mismatch`, :data:`LOAD_ERRORS`,
   :class:`CheckpointError`;
-* :mod:`.lock`: :class:`DirectoryLock`, one process at a time in a directory.
+* :mod:`.lock`: :class:`DirectoryLock`, one process at a time in a directory;
+* :mod:`.training_state`: what a training run keeps in its save directory (checkpoints holding
+  an optimizer state, fairseq's checkpoint names, the run's lock), so that no output replaces
+  it;
+* :mod:`.fingerprint`: the training fingerprint (dictionaries, direction, and the architecture
+  options read from ``cfg.model``) and the identity of a model's parameters by content;
+* :mod:`.known_errors`: fairseq's errors on bad input as one line, and the exception hook.
 
 Importing this package needs neither torch nor fairseq (reading a checkpoint imports them).
 fairseq sets up logging at INFO and logs a line when it is first imported, unless logging is

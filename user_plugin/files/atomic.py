@@ -13,6 +13,12 @@ when the writer ends, however it ends: a temporary file that nobody holds is an 
 killed write. :func:`remove_stale_temporaries` removes those of a directory, and every atomic
 write does it in its destination's directory before it starts, so a killed write's partial
 file (as large as a checkpoint) does not keep a disk full.
+
+What may be written where: :func:`refuse_input_clash` refuses, before anything is written, an
+output that is, holds or lies inside one of the inputs it is made from, or that is a training
+checkpoint (:mod:`.training_state`); every atomic write applies it, and commands call it with
+all they read before their work starts. A completed write is recorded
+(:func:`~user_plugin.files.errors.note_written`) for the line an interrupt prints.
 """
 
 from __future__ import annotations
