@@ -61,14 +61,19 @@ def on_interrupt(note: Callable[[], str | None]) -> None:
         _interrupt_notes.append(note)
 
 
-def interrupted_line() -> str:
+def interrupted_line(foreign: bool = False) -> str:
     """The line an interrupt (Ctrl-C) prints after ``prog: ``: what was left. Every write of
     the project is atomic, so a file is either complete or untouched; the line says which
-    files this process completed, or the note of the work it ran (:func:`on_interrupt`)."""
+    files this process completed, or the note of the work it ran (:func:`on_interrupt`).
+    ``foreign``: the program (one of fairseq's) also writes files of its own, which the line
+    cannot vouch for."""
     for note in reversed(_interrupt_notes):
         text = note()
         if text:
             return f"interrupted: {text}"
+    if foreign and not _written:
+        return ("interrupted before its end: what it printed, and any file it writes itself "
+                "(such as --results-path), is incomplete")
     if not _written:
         return "interrupted: no file was written or changed"
     count = len(dict.fromkeys(_written))

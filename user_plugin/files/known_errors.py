@@ -98,7 +98,8 @@ def one_line_excepthook(previous: Callable) -> Callable:
         prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
         if isinstance(error, KeyboardInterrupt):
             # the interpreter then ends by SIGINT: status 130 in the shell
-            print(f"{prog}: {interrupted_line()}", file=sys.stderr, flush=True)
+            foreign = any(name.split(".")[0] == "fairseq_cli" for name in sys.modules)
+            print(f"{prog}: {interrupted_line(foreign)}", file=sys.stderr, flush=True)
             return
         line = str(error) if isinstance(error, UserError) else one_line_cause(error)
         if line is not None:
