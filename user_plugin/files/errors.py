@@ -81,6 +81,26 @@ def interrupted_line(foreign: bool = False) -> str:
             f"{_written[-1]}); the one being written, if any, was not changed: rerun to finish")
 
 
+def end_by_interrupt() -> None:
+    """End this process as an interrupt does: killed by SIGINT (status 130 in the shell, so
+    that a calling script stops too), once the interpreter's exit functions have run (logs
+    flushed, a save directory's lock released) and the standard streams are flushed, but
+    without the interpreter's teardown of extension modules, where torch can abort the process
+    (``terminate called without an active exception``, status 134) when the interrupt stopped
+    a training step."""
+    import atexit
+    import signal
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or a broken pipe
+            pass
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+
+
 def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None,
              prog: str) -> int:
     """Call ``main(argv)``; turn a :class:`UserError` into ``prog: error: ...`` and status 1,
@@ -101,7 +121,10 @@ def console_script(main: Callable[[Sequence[str] | None], int], prog: str) -> Ca
     interrupt as one ``prog: interrupted:`` line and status 130)."""
 
     def cli_main() -> int:
-        return run_main(main, None, prog)
+        status = run_main(main, None, prog)
+        if status == INTERRUPTED:
+            end_by_interrupt()
+        return status
 
     cli_main.__doc__ = f"The ``{prog}`` command: bad input as one error line and status 1."
     return cli_main

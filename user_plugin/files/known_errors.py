@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from .errors import UserError, file_error, interrupted_line
+from .errors import UserError, end_by_interrupt, file_error, interrupted_line
 
 _MAX_TOKENS = re.compile(r"Sentences lengths should not exceed max_tokens=(\d+)")
 _DICTIONARY = re.compile(r"dict\.(?P<lang>[^./]+)\.txt")
@@ -97,9 +97,9 @@ def one_line_excepthook(previous: Callable) -> Callable:
     def hook(kind, error, traceback) -> None:
         prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
         if isinstance(error, KeyboardInterrupt):
-            # the interpreter then ends by SIGINT: status 130 in the shell
             foreign = any(name.split(".")[0] == "fairseq_cli" for name in sys.modules)
             print(f"{prog}: {interrupted_line(foreign)}", file=sys.stderr, flush=True)
+            end_by_interrupt()  # killed by SIGINT: status 130 in the shell
             return
         line = str(error) if isinstance(error, UserError) else one_line_cause(error)
         if line is not None:
