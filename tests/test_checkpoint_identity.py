@@ -159,6 +159,19 @@ def test_averaging_refuses_other_architecture_options_of_the_same_shapes(option,
     assert snapshot(tmp_path) == before
 
 
+def test_an_extensions_own_options_count_when_both_checkpoints_hold_them(tmp_path, capsys):
+    """An extension's model option (a dataclass field of its own) is part of the architecture;
+    a checkpoint written before the option existed is compared on the others."""
+    a = tiny_checkpoint(tmp_path / "a.pt", seed=1, cfg=with_options(ffn_gate_activation="gelu"))
+    b = tiny_checkpoint(tmp_path / "b.pt", seed=2, cfg=with_options(ffn_gate_activation="silu"))
+    older = tiny_checkpoint(tmp_path / "older.pt", seed=3)
+    status, err = average(["--inputs", a, b, "--output", tmp_path / "ab.pt"], capsys)
+    assert status == 1 and (f"{b} was trained with --ffn-gate-activation silu but {a} with "
+                            "--ffn-gate-activation gelu") in one_error_line(err)
+    status, err = average(["--inputs", a, older, "--output", tmp_path / "a-older.pt"], capsys)
+    assert status == 0 and "trained with" not in err
+
+
 def test_averaging_accepts_checkpoints_that_differ_in_training_only_options(tmp_path, capsys):
     a = tiny_checkpoint(tmp_path / "a.pt", seed=1)
     b = tiny_checkpoint(tmp_path / "b.pt", seed=2, cfg=with_options(dropout=0.3,

@@ -150,7 +150,11 @@ def _normal(value: Any) -> Any:
 def architecture(model_cfg: Any) -> dict[str, Any]:
     """The architecture part of a fingerprint: the value of each of
     :data:`ARCHITECTURE_OPTIONS` in the model configuration ``model_cfg`` (a dict, an omegaconf
-    config or an argparse namespace), its default where the configuration lacks it."""
+    config or an argparse namespace), its default where the configuration lacks it; and, for a
+    configuration that holds model options only (a dict or omegaconf config: a dataclass
+    model's, such as an extension's), every other option it holds but those of
+    :data:`NOT_ARCHITECTURE_OPTIONS` (an argparse namespace of the oldest checkpoints holds
+    every option of the run, not only the model's: only the known ones are read there)."""
     found = {}
     for name, default in ARCHITECTURE_OPTIONS.items():
         if isinstance(model_cfg, Mapping):
@@ -158,6 +162,14 @@ def architecture(model_cfg: Any) -> dict[str, Any]:
         else:
             value = getattr(model_cfg, name, default)
         found[name] = _normal(value)
+    if isinstance(model_cfg, Mapping):
+        for name in model_cfg:
+            if str(name).startswith("_") or name in found or name in NOT_ARCHITECTURE_OPTIONS:
+                continue
+            try:
+                found[str(name)] = _normal(model_cfg[name])
+            except Exception:  # an omegaconf value that cannot be resolved: not comparable
+                continue
     return found
 
 
@@ -175,8 +187,12 @@ def option_words(name: str, value: Any) -> str:
 def architecture_mismatch(expected: Mapping[str, Any], found: Mapping[str, Any],
                           expected_name: str, found_name: str) -> str | None:
     """The options whose values differ between two architecture parts, with both values, in
-    one sentence; None when they agree."""
-    names = [name for name in ARCHITECTURE_OPTIONS if expected.get(name) != found.get(name)]
+    one sentence; None when they agree. The options of :data:`ARCHITECTURE_OPTIONS` are
+    compared always; any other (an extension's) when both parts hold it, so that an option
+    added or removed since a checkpoint was written does not refuse it."""
+    extra = sorted((expected.keys() & found.keys()) - ARCHITECTURE_OPTIONS.keys())
+    names = [name for name in [*ARCHITECTURE_OPTIONS, *extra]
+             if expected.get(name) != found.get(name)]
     if not names:
         return None
     theirs = ", ".join(option_words(name, found.get(name)) for name in names)
