@@ -18,16 +18,19 @@ The **training fingerprint** of a checkpoint (:func:`stored_fingerprint`) has tw
   ``source_lang``, ``target_lang`` (the direction) and ``source_dictionary``,
   ``target_dictionary``, the sha256 of each dictionary's token order
   (:func:`dictionary_sha256`: the symbols joined by LF, UTF-8; counts do not matter to a model);
-* the **architecture** part (:data:`ARCHITECTURE`), not stored but read from the model
-  configuration every fairseq checkpoint holds (``cfg.model``, or ``args`` in the oldest
-  ones): the values of :data:`ARCHITECTURE_OPTIONS`, every model option that changes what
-  the parameters compute, an option missing from an older configuration taking its default
-  (the value the model was built with). Options that only act while training (dropout,
-  LayerDrop, quantization noise, activation checkpointing), at decoding (alignments), or at
-  initialization (pre-trained embedding files), and the position limits (a longer table gives
-  the same function on the sentences both accept) are not part of it
-  (:data:`NOT_ARCHITECTURE_OPTIONS`). Reading it from ``cfg.model`` covers every checkpoint
-  ever written, and nothing can go stale: the model is built from that very configuration.
+* the **architecture** part (:data:`ARCHITECTURE`): the values of
+  :data:`ARCHITECTURE_OPTIONS`, every model option that changes what the parameters compute,
+  an option missing from an older configuration taking its default (the value the model was
+  built with). Options that only act while training (dropout, LayerDrop, quantization noise,
+  activation checkpointing), at decoding (alignments), or at initialization (pre-trained
+  embedding files), and the position limits (a longer table gives the same function on the
+  sentences both accept) are not part of it (:data:`NOT_ARCHITECTURE_OPTIONS`). It is read
+  from the model configuration every fairseq checkpoint holds (``cfg.model``, or ``args`` in
+  the oldest ones), not stored: that covers every checkpoint ever written, and nothing can go
+  stale, since the model is built from that very configuration. The one exception is an
+  export to another model's layout (fairseq's ``transformer`` holding our sinusoids as its
+  learned positions: another configuration of the same function), which stores the
+  architecture of the model it was exported from under :data:`KEY`'s :data:`ARCHITECTURE`.
 
 :func:`fingerprint_mismatch` compares two fingerprints in one sentence naming both (the
 dictionaries, or the options that differ with both values), :func:`dictionary_mismatch` the
@@ -162,6 +165,8 @@ def architecture(model_cfg: Any) -> dict[str, Any]:
         else:
             value = getattr(model_cfg, name, default)
         found[name] = _normal(value)
+    if found["decoder_output_dim"] is None:  # unset: d_model (fairseq's transformer sets it)
+        found["decoder_output_dim"] = found["decoder_embed_dim"]
     if isinstance(model_cfg, Mapping):
         for name in model_cfg:
             if str(name).startswith("_") or name in found or name in NOT_ARCHITECTURE_OPTIONS:
@@ -210,8 +215,11 @@ def stored_fingerprint(state: Mapping) -> dict[str, Any] | None:
     data = state.get(KEY) if isinstance(state, Mapping) else None
     if isinstance(data, Mapping) and all(isinstance(data.get(f), str) for f in FIELDS):
         found.update({field: data[field] for field in FIELDS})
+    stored = data.get(ARCHITECTURE) if isinstance(data, Mapping) else None
     model = model_config(state)
-    if model is not None:
+    if isinstance(stored, Mapping):  # an export to another model's layout (module docstring)
+        found[ARCHITECTURE] = {str(name): _normal(value) for name, value in stored.items()}
+    elif model is not None:
         found[ARCHITECTURE] = architecture(model)
     return found or None
 
