@@ -151,9 +151,6 @@ print(n, min((torch.cuda.get_device_capability(i)[0] for i in range(n)), default
     fp16|bf16) PRECISION_ARGS=("--$PRECISION") ;;
     *) die "PRECISION must be fp16, bf16 or fp32, got '$PRECISION'" ;;
   esac
-  if [ "$DEVICE" = cpu ] && [ "$PRECISION" = fp16 ]; then
-    die "PRECISION=fp16 needs a GPU (fairseq's --fp16 needs CUDA); use PRECISION=bf16 or fp32"
-  fi
 }
 
 # ---- decoding (§6.1): BEAM, LENPEN, MAX_LEN_A [1], MAX_LEN_B (output bound MAX_LEN_A x source

@@ -130,10 +130,17 @@ def test_integer_buffers_must_agree(tmp_path):
         avg.average_checkpoints([tmp_path / "c0.pt", tmp_path / "c1.pt"])
 
 
-def test_a_file_given_twice_is_refused(tmp_path):
-    fake_checkpoint(tmp_path / "c0.pt", 1)
-    with pytest.raises(UserError, match="given twice"):
-        avg.average_checkpoints([tmp_path / "c0.pt", tmp_path / ".." / tmp_path.name / "c0.pt"])
+def test_a_file_given_twice_is_used_once(tmp_path, capsys):
+    model = fake_checkpoint(tmp_path / "c0.pt", 1)
+    fake_checkpoint(tmp_path / "c1.pt", 2)
+    again = tmp_path / ".." / tmp_path.name / "c0.pt"
+    state = avg.average_checkpoints([tmp_path / "c0.pt", again])
+    assert state["averaged_from"] == ["c0.pt"]
+    for key, tensor in model.items():
+        assert torch.equal(state["model"][key], tensor), key
+    notes = [line for line in capsys.readouterr().err.splitlines() if "same parameters" in line]
+    assert len(notes) == 1 and f"{again} holds the same parameters as {tmp_path / 'c0.pt'}" in \
+        notes[0]
 
 
 @pytest.mark.parametrize("content, reason", [

@@ -63,9 +63,10 @@ def test_scale_and_validation():
         schedule(d_model=None)
 
 
-@pytest.mark.parametrize("scale", [0.0, -1.0])
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("inf"), float("nan")])
 def test_lr_scale_must_be_positive(scale):
-    with pytest.raises(ValueError, match=f"--lr-scale must be positive, got {scale}"):
+    with pytest.raises(ValueError, match=f"--lr-scale must be a positive finite number, got "
+                                         f"{scale}"):
         schedule(scale=scale)
 
 

@@ -86,10 +86,12 @@ def test_attention_maps_are_distributions_with_the_right_shapes(trained_multi30k
 def test_bad_checkpoint_is_one_line_and_writes_nothing(tmp_path):
     bad = tmp_path / "truncated.pt"
     bad.write_bytes(b"PK\x03\x04 not really a checkpoint")
-    (tmp_path / "dict.en.txt").write_text("a 1\n", encoding="utf-8")
-    (tmp_path / "dict.de.txt").write_text("a 1\n", encoding="utf-8")
+    data = tmp_path / "data"  # an output never lies inside a directory the command reads
+    data.mkdir()
+    (data / "dict.en.txt").write_text("a 1\n", encoding="utf-8")
+    (data / "dict.de.txt").write_text("a 1\n", encoding="utf-8")
     out = tmp_path / "none"
-    proc = run_script("--checkpoint", bad, "--data-dir", tmp_path, "--source-lang", "en",
+    proc = run_script("--checkpoint", bad, "--data-dir", data, "--source-lang", "en",
                       "--target-lang", "de", "--source", "x", "--out-dir", out)
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]

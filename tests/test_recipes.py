@@ -217,10 +217,11 @@ def test_step_markers_skip_done_steps_and_redo_changed_ones(tmp_path):
 
 
 def test_bad_settings_fail_with_one_line_before_any_work(tmp_path):
-    env = recipe_env(WORK_DIR=tmp_path / "w", DEVICE="cpu", PRECISION="fp16")
+    env = recipe_env(WORK_DIR=tmp_path / "w", DEVICE="cpu", PRECISION="fp8")
     result = run_script(step_script("train"), env, "wmt14_en_de", check=False)
     assert result.returncode == 1
-    assert "PRECISION=fp16 needs a GPU" in result.stderr and "Traceback" not in result.stderr
+    assert "PRECISION must be fp16, bf16 or fp32, got 'fp8'" in result.stderr
+    assert "Traceback" not in result.stderr
     env = recipe_env(WORK_DIR=tmp_path / "w", RAW_DIR=tmp_path)
     result = run_script(step_script("prepare"), env, "wmt14_en_de", check=False)
     assert result.returncode == 1 and "train.en is missing" in result.stderr

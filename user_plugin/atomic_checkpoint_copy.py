@@ -36,7 +36,7 @@ def atomic_copy_path_manager(path_manager: type) -> type:
                 return path_manager.copy(src_path, dst_path, overwrite=overwrite)
             if not overwrite and os.path.exists(dst_path):
                 return False
-            atomic_copy(src_path, dst_path)
+            atomic_copy(src_path, dst_path, training_save=True)  # the run's own checkpoint
             return True
 
     return AtomicCopyPathManager

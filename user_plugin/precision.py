@@ -41,6 +41,11 @@ block that puts torch's own method back.
 
 :mod:`user_plugin.fairseq_patches` installs the rows: fairseq's launcher
 ``distributed_utils.call_main`` and five methods of fairseq's ``Trainer`` are wrapped.
+
+``--fp16`` on fairseq's own path (a stock run) without CUDA fails in fairseq at its first
+update with a 147-line ``AssertionError: Torch not compiled with CUDA enabled``; the
+trainer refuses it in one line before anything is built, naming what works there
+(:func:`refuse_fp16_without_cuda`).
 """
 
 from __future__ import annotations
@@ -243,6 +248,8 @@ def trainer_init_mixed_precision(init: Any) -> Any:
             cfg = convert_namespace_to_omegaconf(cfg)
         release_bf16_from_tpu(cfg)
         mode = self._vaswani_precision_mode = precision_mode(cfg)
+        if mode == FAIRSEQ:
+            refuse_fp16_without_cuda(cfg)
         if mode == BF16_AUTOCAST:
             with _fairseq_sees_fp32(cfg):
                 init(self, cfg, task, model, *args, **kwargs)
@@ -375,3 +382,21 @@ def trainer_train_step_fp16_on_cpu(train_step: Any) -> Any:
             return train_step(self, *args, **kwargs)
 
     return trainer_train_step
+
+
+def refuse_fp16_without_cuda(cfg: Any) -> None:
+    """One line (:class:`~user_plugin.files.errors.UserError`) for ``--fp16`` on fairseq's own
+    path without CUDA: fairseq's ``FP16Optimizer`` keeps its float32 master weights on the
+    current CUDA device, so the run would fail at its first update."""
+    from .files.errors import UserError
+
+    common = cfg.common
+    if not common.fp16 or common.memory_efficient_fp16 or common.bf16 or common.amp:
+        return
+    if common.cpu or not torch.cuda.is_available():
+        where = "--cpu was given" if common.cpu else "this machine has no CUDA device"
+        raise UserError(f"--fp16 of fairseq's own trainer needs a CUDA GPU (it keeps its float32 "
+                        f"master weights there) and {where}; on a CPU, train with "
+                        "--memory-efficient-fp16 (float16 weights, loss scaling), in float32, or "
+                        "with the plugin's model (--arch vaswani_*), whose --fp16 and --bf16 run "
+                        "on a CPU")

@@ -33,10 +33,17 @@ and the trainer look up there at call time, so that:
   token order, and the language direction) under the top-level key
   :data:`~user_plugin.files.fingerprint.KEY`, added to the state fairseq saves. A resume on
   data whose fingerprint differs (same-size dictionaries in another order, swapped languages)
-  is one line naming both fingerprints; ``load_model_ensemble_and_task`` (fairseq-generate's
-  ``--path a:b`` ensembles, the hub, the export) refuses checkpoints whose fingerprints differ
-  from each other or whose dictionaries differ from the data's. A checkpoint without a
-  fingerprint (older) is used with one note line saying it cannot be checked.
+  is one line naming both fingerprints, and so is a resume with other architecture options
+  that leave the shapes alone (4 heads resumed with 8...: the fingerprint's architecture
+  part, read from ``cfg.model``), naming each option with both values;
+  ``load_model_ensemble_and_task`` (fairseq-generate's ``--path a:b`` ensembles, the hub, the
+  export) refuses checkpoints whose fingerprints differ from each other or whose dictionaries
+  differ from the data's, and uses a checkpoint holding the same parameters as an earlier one
+  once (one note line). A checkpoint without a fingerprint (older) is used with one note line
+  saying what cannot be checked.
+* **An interrupt says what was left.** Ctrl-C in a run that holds its save directory prints
+  one line naming the last checkpoint saved (intact: saves are atomic) and that rerunning the
+  same command resumes from it, or that none was saved yet (:func:`interrupted_note`).
 * **Every checkpoint fairseq reads is verified**, in every command that loads the plugin
   (``fairseq-generate``, ``fairseq-interactive``...): a damaged, truncated or foreign file is
   one line naming it.
@@ -63,22 +70,30 @@ from .files.checkpoints import (
     save_checkpoint,
     state_dict_mismatch,
 )
-from .files.errors import UserError, file_error
-from .files.fingerprint import KEY as FINGERPRINT_KEY
+from .files.errors import UserError, file_error, on_interrupt
 from .files.fingerprint import (
+    ARCHITECTURE,
+    architecture_mismatch,
     dictionary_mismatch,
+    distinct_parameters,
+    duplicate_note,
     ensemble_mismatch,
     fingerprint_mismatch,
-    missing_note,
+    has_data,
+    parameters_sha256,
     stored_fingerprint,
     task_fingerprint,
+    unchecked_note,
+    with_architecture,
 )
+from .files.fingerprint import KEY as FINGERPRINT_KEY
 from .files.lock import DirectoryLock
+from .files.training_state import TRAINING_LOCK
 
 logger = logging.getLogger(__name__)
 
 #: The lock file of a save directory (not a checkpoint name fairseq or the averager matches).
-LOCK_NAME = ".vaswani-train.lock"
+LOCK_NAME = TRAINING_LOCK
 LAST = "checkpoint_last.pt"
 #: fairseq's own temporary checkpoint files: ``torch_persistent_save`` writes ``NAME.tmp``.
 FAIRSEQ_TEMP = re.compile(r"checkpoint.*\.pt\.tmp")
@@ -105,12 +120,30 @@ def claim_save_dir(save_dir: str | os.PathLike) -> DirectoryLock:
         return _locks[directory]
     lock = DirectoryLock.acquire(directory, LOCK_NAME, "training run")
     _locks[directory] = lock
+    on_interrupt(interrupted_note)
     if lock.previous_holder:
         logger.info(f"took over the lock of {directory}: its holder ended without releasing it "
                     f"({lock.previous_holder})")
     for path, size in remove_orphans(directory):
         logger.info(f"removed {path.name} ({size:,} bytes), a partial file of a killed save")
     return lock
+
+
+def interrupted_note() -> str | None:
+    """What an interrupt (Ctrl-C) leaves of the run whose save directory this process holds:
+    its last checkpoint, which a rerun of the same command resumes from (saves are atomic, so
+    a save cut short left nothing), or that none was saved yet; None when it holds none."""
+    held = [directory for directory, lock in _locks.items() if lock.held]
+    if not held:
+        return None
+    last = held[-1] / LAST
+    if not last.is_file():
+        return (f"no checkpoint was saved in {held[-1]} yet: rerunning the same command starts "
+                "training from the beginning")
+    state = read_metadata(last)
+    update = f" (update {num_updates(state)})" if state is not None else ""
+    return (f"the last checkpoint saved is {last}{update}, intact: rerun the same command to "
+            "resume from it")
 
 
 def remove_orphans(directory: Path) -> list[tuple[Path, int]]:
@@ -248,6 +281,13 @@ def plan_resume(cfg, trainer) -> dict:
     if finished is not None:
         return {"finished": f"training already finished: {finished}; nothing was loaded or "
                             "written (to train again, use another --save-dir)"}
+    note = unchecked_note([(source, stored_fingerprint(state))])
+    if note is not None:
+        logger.warning(note)
+    mismatch = architecture_change(state, source, trainer.cfg.model)
+    if mismatch is not None:
+        return {"error": f"cannot resume: {mismatch}; give the options it was trained with, or "
+                         "train into another --save-dir"}
     # shapes of the parameters both have (fairseq's load may still rename old checkpoints'
     # keys, and reports any other difference itself)
     saved = state.get("model") or {}
@@ -263,16 +303,27 @@ def plan_resume(cfg, trainer) -> dict:
     return {"restore": None if restore is None else str(restore)}
 
 
-def training_data_mismatch(state: dict, path: Path, task) -> str | None:
-    """How the training fingerprint stored in ``state`` (read from ``path``) differs from that
-    of the run's ``task`` (same-size dictionaries in another token order, swapped languages),
-    naming both; None when they agree, or with a note when the checkpoint has none."""
-    expected = task_fingerprint(task)
-    if expected is None:
-        return None
+def architecture_change(state: dict, path: Path, model_cfg) -> str | None:
+    """The architecture options (:data:`~user_plugin.files.fingerprint.ARCHITECTURE_OPTIONS`)
+    whose values in the run's model configuration ``model_cfg`` differ from those ``state``
+    (read from ``path``) was trained with, naming each with both values; None when they agree
+    or when either configuration is unknown."""
     stored = stored_fingerprint(state)
-    if stored is None:
-        logger.warning(missing_note([path]))
+    if model_cfg is None or stored is None or ARCHITECTURE not in stored:
+        return None
+    expected = with_architecture(None, model_cfg)
+    return architecture_mismatch(expected[ARCHITECTURE], stored[ARCHITECTURE], "this run",
+                                 str(path))
+
+
+def training_data_mismatch(state: dict, path: Path, task) -> str | None:
+    """How the data part of the training fingerprint stored in ``state`` (read from ``path``)
+    differs from that of the run's ``task`` (same-size dictionaries in another token order,
+    swapped languages), naming both; None when they agree or when the checkpoint has none
+    (older)."""
+    expected = task_fingerprint(task)
+    stored = stored_fingerprint(state)
+    if expected is None or not has_data(stored):
         return None
     data = getattr(task.cfg, "data", None) or "this run"
     return fingerprint_mismatch(expected, stored, f"the data of this run ({data})", str(path))
@@ -338,7 +389,7 @@ def _one_line_torch_persistent_save(torch_persistent_save):
         if async_write or PathManager.path_requires_pathmanager(filename):
             return torch_persistent_save(obj, filename, async_write=async_write)
         try:
-            save_checkpoint(obj, filename, verify=False)
+            save_checkpoint(obj, filename, verify=False, training_save=True)
         except UserError as error:
             raise UserError(f"{error}; nothing was written, the checkpoints saved before are "
                             "intact: rerun the same command to resume") from None
@@ -366,11 +417,13 @@ def _verifying_load_checkpoint_to_cpu(load_checkpoint_to_cpu):
     return load_to_cpu
 
 
-def check_ensemble(filenames, task=None, state=None) -> None:
+def check_ensemble(filenames, task=None, state=None) -> list:
     """Refuse checkpoints that cannot be used together or with ``task``'s dictionaries: their
-    training fingerprints must agree with each other (direction and dictionaries), and each
-    language's dictionary must have the token order the checkpoint was trained with. One note
-    line names the checkpoints that hold no fingerprint."""
+    training fingerprints must agree with each other (direction, dictionaries and architecture
+    options), and each language's dictionary must have the token order the checkpoint was
+    trained with. One note line names the checkpoints whose fingerprint lacks a part. Returns
+    ``filenames`` without the checkpoints holding the same parameters as an earlier one (a copy
+    counts once; one note line names them)."""
     named = []
     for filename in filenames:
         found = state
@@ -378,23 +431,30 @@ def check_ensemble(filenames, task=None, state=None) -> None:
             found = read_metadata(Path(filename))
         if found is not None:
             named.append((filename, stored_fingerprint(found), found))
-    missing = [filename for filename, found, _ in named if found is None]
-    if missing:
-        logger.warning(missing_note(missing))
+    note = unchecked_note([(filename, found) for filename, found, _ in named])
+    if note is not None:
+        logger.warning(note)
     mismatch = ensemble_mismatch([(filename, found) for filename, found, _ in named])
     if mismatch is not None:
         raise UserError(mismatch)
     expected = task_fingerprint(task) if task is not None else None
-    if expected is None:
-        return
-    data = getattr(task.cfg, "data", None) or "the task"
-    for filename, found, state in named:
-        if found is None or not vocabulary_sizes_fit(state, task):
-            continue  # fairseq's load then names the parameter and both shapes
-        mismatch = dictionary_mismatch(expected, found, f"the data of {data}", filename)
-        if mismatch is not None:
-            raise UserError(f"cannot use {filename} with the dictionaries of {data}: "
-                            f"{mismatch}")
+    if expected is not None:
+        data = getattr(task.cfg, "data", None) or "the task"
+        for filename, found, state in named:
+            if found is None or not vocabulary_sizes_fit(state, task):
+                continue  # fairseq's load then names the parameter and both shapes
+            mismatch = dictionary_mismatch(expected, found, f"the data of {data}", filename)
+            if mismatch is not None:
+                raise UserError(f"cannot use {filename} with the dictionaries of {data}: "
+                                f"{mismatch}")
+    if len(filenames) < 2 or len(named) != len(filenames) or \
+            any(not isinstance(state.get("model"), dict) for _, _, state in named):
+        return list(filenames)
+    kept, dropped = distinct_parameters(
+        [(filename, parameters_sha256(state["model"])) for filename, _, state in named])
+    if dropped:
+        logger.warning(duplicate_note(dropped, len(kept)))
+    return [filenames[index] for index in kept]
 
 
 def vocabulary_sizes_fit(state: dict, task) -> bool:
@@ -413,7 +473,7 @@ def vocabulary_sizes_fit(state: dict, task) -> bool:
 def _checking_load_model_ensemble_and_task(load_model_ensemble_and_task):
     @functools.wraps(load_model_ensemble_and_task)
     def load(filenames, arg_overrides=None, task=None, *args, **kwargs):
-        check_ensemble(filenames, task, kwargs.get("state"))
+        filenames = check_ensemble(filenames, task, kwargs.get("state"))
         return load_model_ensemble_and_task(filenames, arg_overrides, task, *args, **kwargs)
 
     return load

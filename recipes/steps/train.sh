@@ -24,7 +24,7 @@
 # LABEL_SMOOTHING [paper: 0.1], MAX_TOKENS [4096: a batch's bound], TOKENS_PER_STEP [paper: 25000],
 # UPDATE_FREQ [computed], DEVICE [gpu when torch sees one, else cpu], NUM_GPUS [all visible:
 # GPUs per node], PRECISION [GPU: bf16 with compute capability >= 8, else fp16; CPU: fp32;
-# fp16 (GPU only)|bf16|fp32], NNODES [1, or Slurm's SLURM_NNODES], NODE_RANK [0, or
+# fp16|bf16|fp32], NNODES [1, or Slurm's SLURM_NNODES], NODE_RANK [0, or
 # SLURM_NODEID], MASTER_ADDR [node 0's address; under Slurm the first host of
 # SLURM_JOB_NODELIST], MASTER_PORT [29500; under Slurm 20000 + SLURM_JOB_ID mod 40000],
 # SAVE_INTERVAL_UPDATES [paper: 1500 | 600, every 10 minutes], AVERAGE_LAST [paper: 5 | 20:

@@ -4,13 +4,17 @@ failure one :class:`~.errors.ArtifactError` line naming the file."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
 from ..files.checkpoints import LOAD_ERRORS, CheckpointError, read_checkpoint, state_dict_mismatch
 from ..files.errors import UserError, first_line
+from ..files.fingerprint import distinct_parameters, duplicate_note, parameters_sha256
 from ..tasks.vaswani_translation import TASK_NAME
 from .errors import ArtifactError
+
+logger = logging.getLogger(__name__)
 
 
 def read_model_checkpoint(path: Path) -> dict:
@@ -61,10 +65,18 @@ def parameter_mismatch(task, state: dict) -> str | None:
 
 def build_models(task, paths: Sequence[Path], states: Sequence[dict], device: str) -> list:
     """The model of each checkpoint (already read into ``states``), on ``device``, in eval
-    mode. A checkpoint that does not fit (another vocabulary than the dictionaries...) is a
-    :class:`ArtifactError` naming the first mismatched parameter and both shapes."""
+    mode; a checkpoint holding the same parameters as an earlier one (a copy) is used once,
+    with one note line, since an ensemble weighs each model it holds. A checkpoint that does
+    not fit (another vocabulary than the dictionaries...) is a :class:`ArtifactError` naming
+    the first mismatched parameter and both shapes."""
     from fairseq import checkpoint_utils
 
+    if len(paths) > 1:
+        kept, dropped = distinct_parameters(
+            [(path, parameters_sha256(state["model"])) for path, state in zip(paths, states)])
+        if dropped:
+            logger.warning(duplicate_note(dropped, len(kept)))
+        paths, states = [paths[i] for i in kept], [states[i] for i in kept]
     models = []
     for path, state in zip(paths, states):
         try:

@@ -26,4 +26,13 @@ command                    module
 ``vaswani-translate``      :mod:`user_plugin.hub.cli`: translate stdin with a model dir
 ``vaswani-serve``          :mod:`.serve`: an HTTP translation service (dynamic batching)
 =========================  ================================================================
+
+Importing the package installs the project's one-line exception hook
+(:func:`~user_plugin.files.known_errors.install_one_line_errors`), so that an interrupt (Ctrl-C)
+or an error while a command is still loading its libraries (torch and fairseq take seconds) is
+one line too, as it is once the command runs (:func:`~user_plugin.files.errors.run_main`).
 """
+
+from ..files.known_errors import install_one_line_errors
+
+install_one_line_errors()

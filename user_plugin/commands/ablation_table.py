@@ -43,6 +43,7 @@ from user_plugin.files import (  # noqa: E402
     console_script,
     read_checkpoint,
     read_lines,
+    refuse_input_clash,
 )
 
 PARAMS_PATTERN = re.compile(r"num\. (?:shared )?model params: ([\d,]+)")
@@ -296,6 +297,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     variants = [v for item in variants for v in item.replace(",", " ").split()]
     if not variants:
         raise UserError(f"{args.results_dir}: no variants to collect")
+    inputs = [args.results_dir / variant for variant in variants]
+    for output in (args.output, args.json):
+        if output is not None:
+            refuse_input_clash(output, inputs)
+    if args.json is not None:
+        refuse_input_clash(args.json, [args.output])
     results = [
         collect_variant(args.results_dir / variant, args.checkpoint, args.subset)
         for variant in variants

@@ -17,8 +17,14 @@ How it averages: checkpoints are read one at a time (only one is in memory besid
 float64 sum); each must have the same parameter names and shapes as the first (otherwise it is
 refused as another architecture or vocabulary, naming the parameter and both files) and the same
 training fingerprint (``user_plugin.files.fingerprint``: dictionaries of the same token order,
-the same language direction; otherwise refused, naming both fingerprints). Checkpoints without
-a fingerprint (older ones) are averaged with one note line saying they cannot be checked. Floating
+the same language direction, the same architecture options, such as the number of heads, that
+leave the shapes alone; otherwise refused, naming both fingerprints or the options and both
+values). Checkpoints without a fingerprint (older ones) are averaged with one note line saying
+what cannot be checked. Identity is decided by content: a checkpoint holding the same
+parameters as an earlier one of the list (``checkpoint_last.pt`` is a byte copy of the last
+interval checkpoint; a hard link, or the same file given twice) is used once, and one note line
+names it, so the mean is that of the distinct checkpoints: averaging a state with its own copy
+would weigh it twice. Floating
 point tensors are summed in float64 and the mean is cast back to each tensor's dtype; integer and
 boolean buffers are not parameters and must agree across checkpoints. Tensors tied in the first
 checkpoint (shared embeddings, §3.4) stay tied in the output. The output keeps the non-parameter
@@ -26,10 +32,11 @@ fields (``cfg``, ``optimizer_history``, ...) of the first checkpoint of the list
 when selecting from a directory), without the optimizer state or EMA copies, so it is about the
 size of the model. The output never replaces an input (the same path or the same file, a
 hard link included) nor a training checkpoint (one holding an optimizer state, such as
-``checkpoint_last.pt``): both are refused before anything is read. Every input is verified
-before it is used (each record's CRC-32: a damaged file is refused, naming it). The output is
-written atomically and read back and verified before it is moved into place: nothing is
-written when anything goes wrong, a full disk included (one line).
+``checkpoint_last.pt``, or a name fairseq-train resumes from in a save directory): both are
+refused before anything is read (``user_plugin.files.atomic.refuse_input_clash``). Every
+input is verified before it is used (each record's CRC-32: a damaged file is refused, naming
+it). The output is written atomically and read back and verified before it is moved into
+place: nothing is written when anything goes wrong, a full disk included (one line).
 """
 
 from __future__ import annotations
@@ -47,19 +54,21 @@ logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(me
 import torch  # noqa: E402
 
 from user_plugin.files import (  # noqa: E402
-    LOAD_ERRORS,
     UserError,
     console_script,
     read_checkpoint,
     refuse_input_clash,
-    same_file,
     save_checkpoint,
 )
 from user_plugin.files.fingerprint import KEY as FINGERPRINT_KEY  # noqa: E402
 from user_plugin.files.fingerprint import (  # noqa: E402
-    fingerprint_mismatch,
-    missing_note,
+    data_part,
+    duplicate_note,
+    first_mismatch,
+    has_data,
+    parameters_sha256,
     stored_fingerprint,
+    unchecked_note,
 )
 
 UPDATE_CHECKPOINT = re.compile(r"checkpoint_(\d+)_(\d+)\.pt")
@@ -160,17 +169,14 @@ def average_checkpoints(paths: Sequence[Path]) -> dict:
     :class:`UserError` (one line naming the file) on any unreadable or mismatched checkpoint.
     """
     paths = [Path(path) for path in paths]
-    first_known = paths[0] if paths else None
     if not paths:
         raise UserError("no checkpoints to average")
-    for index, path in enumerate(paths):
-        for earlier in paths[:index]:
-            if same_file(path, earlier):  # the same path, a symbolic or a hard link
-                raise UserError(f"{path}: given twice (also as {earlier})")
 
     first = paths[0]
     state = load_checkpoint(first)
     model = state.pop("model")
+    seen = {parameters_sha256(model): first}
+    averaged_from, copies = [first], []
     key_order = list(model)
     canonical = _tied_groups(model)
     # Shapes and dtypes of the first checkpoint, as storage-less tensors, for the checks.
@@ -189,22 +195,22 @@ def average_checkpoints(paths: Sequence[Path]) -> dict:
         for field in DROPPED_EXTRA_FIELDS:
             state["extra_state"].pop(field, None)
 
-    trained_on = stored_fingerprint(state)
-    unknown = [] if trained_on is not None else [first]
+    fingerprints = [(first, stored_fingerprint(state))]
     for path in paths[1:]:
         other_state = load_checkpoint(path)
         other = other_state.pop("model")
         _check_same_layout(key_order, reference, other, first, path)
-        found = stored_fingerprint(other_state)
+        fingerprints.append((path, stored_fingerprint(other_state)))
         del other_state
-        if found is None:
-            unknown.append(path)
-        elif trained_on is None:
-            trained_on, first_known = found, path
-        else:
-            mismatch = fingerprint_mismatch(trained_on, found, str(first_known), str(path))
-            if mismatch is not None:
-                raise UserError(f"cannot average: {mismatch}")
+        mismatch = first_mismatch(fingerprints)
+        if mismatch is not None:
+            raise UserError(f"cannot average: {mismatch}")
+        digest = parameters_sha256(other)
+        if digest in seen:  # a copy (checkpoint_last.pt of the last interval checkpoint...)
+            copies.append((path, seen[digest]))
+            continue
+        seen[digest] = path
+        averaged_from.append(path)
         for key in key_order:
             tensor = other[key]
             if canonical[key] != key:
@@ -227,15 +233,18 @@ def average_checkpoints(paths: Sequence[Path]) -> dict:
         if canonical[key] != key:
             averaged[key] = averaged[canonical[key]]
         elif reference[key].is_floating_point():
-            averaged[key] = sums.pop(key).div_(len(paths)).to(reference[key].dtype)
+            averaged[key] = sums.pop(key).div_(len(averaged_from)).to(reference[key].dtype)
         else:
             averaged[key] = sums.pop(key)
     state["model"] = averaged
-    state["averaged_from"] = [path.name for path in paths]
+    state["averaged_from"] = [path.name for path in averaged_from]
+    trained_on = next((data_part(found) for _, found in fingerprints if has_data(found)), None)
     if trained_on is not None:
         state[FINGERPRINT_KEY] = trained_on
-    if unknown:
-        print(missing_note(unknown), file=sys.stderr, flush=True)
+    for note in (unchecked_note(fingerprints),
+                 duplicate_note(copies, len(averaged_from)) if copies else None):
+        if note is not None:
+            print(note, file=sys.stderr, flush=True)
     return state
 
 
@@ -281,28 +290,10 @@ def resolve_inputs(args: argparse.Namespace) -> list[Path]:
     return [Path(path) for path in args.inputs]
 
 
-def refuse_replacing_a_training_checkpoint(output: Path) -> None:
-    """Refuse an ``output`` that is an existing training checkpoint (it holds an optimizer
-    state, as fairseq-train's ``checkpoint_last.pt`` does): the average would replace the
-    state a training run resumes from. A file that does not load as a checkpoint is not
-    one."""
-    if not output.is_file():
-        return
-    try:
-        state = torch.load(output, map_location="cpu", weights_only=True, mmap=True)
-    except LOAD_ERRORS:
-        return
-    if isinstance(state, dict) and state.get("last_optimizer_state") is not None:
-        raise UserError(f"{output}: is a training checkpoint (it holds an optimizer state); "
-                        "the average would replace it: choose another --output "
-                        "(nothing was written)")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     paths = resolve_inputs(args)
-    refuse_input_clash(args.output, paths)
-    refuse_replacing_a_training_checkpoint(Path(args.output))
+    refuse_input_clash(args.output, paths)  # also a training checkpoint (checkpoint_last.pt)
     print(f"averaging {len(paths)} checkpoint(s): {', '.join(str(path) for path in paths)}",
           flush=True)
     state = average_checkpoints(paths)

@@ -37,7 +37,13 @@ logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(me
 
 from nltk import Tree  # noqa: E402
 
-from user_plugin.files import UserError, atomic_write_text, console_script, read_lines  # noqa: E402
+from user_plugin.files import (  # noqa: E402
+    UserError,
+    atomic_write_text,
+    console_script,
+    read_lines,
+    refuse_input_clash,
+)
 from user_plugin.parsing.evalb import (  # noqa: E402
     COLLINS,
     ERROR,
@@ -105,6 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              labeled=not args.unlabeled,
                              punctuation_from_gold=args.punctuation_from_gold)
 
+    if args.json_out is not None:
+        refuse_input_clash(args.json_out, [args.gold, args.pred])
     gold_lines = read_lines(args.gold)
     pred_lines = read_lines(args.pred)
     if not gold_lines:

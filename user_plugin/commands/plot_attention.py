@@ -39,7 +39,11 @@ from pathlib import Path
 # Logging set up before fairseq is imported (see user_plugin.files).
 logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
 
-from user_plugin.files import atomic_write, console_script  # noqa: E402
+from user_plugin.files import (  # noqa: E402
+    atomic_write,
+    console_script,
+    refuse_input_clash,
+)
 from user_plugin.modules.attention_maps import KINDS, attention_maps  # noqa: E402
 
 
@@ -129,6 +133,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     for noisy in ("matplotlib", "fairseq", "user_plugin"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    inputs = [path for path in (args.model_dir, args.checkpoint, args.data_dir, args.bpe_codes,
+                                args.sentencepiece_model) if path is not None]
+    refuse_input_clash(args.out_dir, inputs)
     translator = load(args)
     codec, task = translator.codec, translator.task
     src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
@@ -163,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             def write(temp: str, data: bytes = png) -> None:
                 Path(temp).write_bytes(data)
 
-            atomic_write(path, write)
+            atomic_write(path, write, inputs)
             written.append(path)
     print(f"wrote {len(written)} PNG files to {args.out_dir}")
     return 0

@@ -25,7 +25,12 @@ from pathlib import Path
 
 logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
 
-from user_plugin.files import UserError, atomic_write, console_script  # noqa: E402
+from user_plugin.files import (  # noqa: E402
+    UserError,
+    atomic_write,
+    console_script,
+    refuse_input_clash,
+)
 from user_plugin.training_log import TrainingLog, read_training_log  # noqa: E402
 
 #: (panel, statistic, title, log scale) of each panel; the loss panel has two series per run.
@@ -109,15 +114,17 @@ def build_figure(logs: Sequence[TrainingLog], labels: Sequence[str]):
     return figure
 
 
-def draw(logs: Sequence[TrainingLog], labels: Sequence[str], output: Path, dpi: int) -> None:
-    """Draw the panels of every log into the PNG ``output`` (atomically)."""
+def draw(logs: Sequence[TrainingLog], labels: Sequence[str], output: Path, dpi: int,
+         inputs: Sequence[Path] = ()) -> None:
+    """Draw the panels of every log into the PNG ``output`` (atomically), never over one of
+    ``inputs``."""
     figure = build_figure(logs, labels)
 
     def write(temp: str) -> None:
         figure.savefig(temp, format="png", dpi=dpi)
 
     try:
-        atomic_write(output, write)
+        atomic_write(output, write, inputs)
     finally:
         pyplot().close(figure)
 
@@ -164,13 +171,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.output is None and not args.summary:
         parser.error("give --output PNG (or --summary)")
+    if args.output is not None:
+        refuse_input_clash(args.output, args.logs)
     logs = [read_training_log(path) for path in args.logs]
     labels = labels_for(logs, args.labels)
     if args.summary:
         for log, label in zip(logs, labels):
             print(summary(log, label))
     if args.output is not None:
-        draw(logs, labels, args.output, args.dpi)
+        draw(logs, labels, args.output, args.dpi, args.logs)
         print(f"wrote {args.output}")
     return 0
 

@@ -37,6 +37,7 @@ from user_plugin.files import (  # noqa: E402
     console_script,
     int_at_least,
     read_lines,
+    refuse_input_clash,
 )
 from user_plugin.parsing.linearize import REPAIR_KINDS, delinearize, linearize  # noqa: E402
 from user_plugin.parsing.splits import find_split_files  # noqa: E402
@@ -81,6 +82,7 @@ def prepare_split(files: Sequence[Path], keep_tags: bool) -> dict:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
+    refuse_input_clash(args.out_dir, [args.ptb_dir])
     keep_tags = args.pos_tags == "keep"
     try:
         split_files = find_split_files(args.ptb_dir)
@@ -115,6 +117,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_synthesize(args: argparse.Namespace) -> int:
+    refuse_input_clash(args.out_dir)
     sizes = {"train": args.train, "dev": args.dev, "test": args.test}
     try:
         splits = generate_splits(sizes, seed=args.seed, max_words=args.max_words)
@@ -133,6 +136,10 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
 
 
 def cmd_delinearize(args: argparse.Namespace) -> int:
+    inputs = [path for path in (args.words, args.hypotheses, args.tags_from) if path is not None]
+    refuse_input_clash(args.output, inputs)
+    if args.report is not None:
+        refuse_input_clash(args.report, [*inputs, args.output])
     sentences = read_lines(args.words)
     hypotheses = read_lines(args.hypotheses)
     if len(hypotheses) != len(sentences):

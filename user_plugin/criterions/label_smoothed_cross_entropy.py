@@ -23,6 +23,7 @@ from fairseq.logging import metrics
 from omegaconf import II
 from torch import Tensor
 
+from ..files.errors import InvalidValue
 from .fused_projection_loss import fused_projection_label_smoothed_loss
 from .label_smoothing import logit_gradient_, smoothing_coefficients
 
@@ -130,7 +131,7 @@ class LabelSmoothedCrossEntropy(FairseqCriterion):
     ) -> None:
         super().__init__(task)
         if not 0.0 <= label_smoothing < 1.0:
-            raise ValueError(f"--label-smoothing must be in [0, 1), got {label_smoothing}")
+            raise InvalidValue(f"--label-smoothing must be in [0, 1), got {label_smoothing}")
         self.sentence_avg = sentence_avg
         self.eps = label_smoothing
         self.report_accuracy = report_accuracy

@@ -110,7 +110,11 @@ def _main(argv: Sequence[str] | None) -> int:
 
     from ..files.atomic import refuse_input_clash
 
-    refuse_input_clash(args.output, [args.checkpoint, *Path(args.data_dir).glob("dict.*.txt")])
+    # everything the export reads: an output never is, holds or lies inside one of them, nor
+    # is a training checkpoint (a file for --to fairseq, a directory written whole otherwise)
+    inputs = [args.checkpoint, args.data_dir, *Path(args.data_dir).glob("dict.*.txt"),
+              *(path for path in (args.bpe_codes, args.sentencepiece_model) if path)]
+    refuse_input_clash(args.output, inputs)
     print(f"exporting {args.checkpoint} to {args.to} ({args.output})", file=sys.stderr)
     print(export(args), file=sys.stderr)
     return 0

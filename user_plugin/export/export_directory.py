@@ -19,16 +19,37 @@ from typing import Callable
 from ..artifacts.errors import ArtifactError
 from ..artifacts.manifest import MANIFEST, TITLES, file_records
 from ..files.atomic import atomic_write_text, make_temp_dir
-from ..files.errors import file_error
+from ..files.errors import file_error, note_written, os_error_of
 
 
 def refuse_foreign_output(output: Path, kind: str) -> None:
     """A one-line error when ``output`` exists and is neither empty nor an export of ours
-    (``kind`` is the value of ``--to``)."""
+    (``kind`` is the value of ``--to``), or when it is an export of ours that holds anything
+    its manifest does not list (a file the user put there, such as the checkpoint it was
+    exported from): replacing the export would delete it."""
     if output.exists() and (not output.is_dir() or (
             any(output.iterdir()) and not (output / MANIFEST).is_file())):
         raise ArtifactError(f"{output}: exists and is not a {TITLES.get(kind, kind)} export of "
                             "vaswani; remove it or choose another --output")
+    if output.is_dir() and (output / MANIFEST).is_file():
+        foreign = sorted(set(os.listdir(output)) - set(listed_files(output)) - {MANIFEST})
+        if foreign:
+            more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+            raise ArtifactError(f"{output}: holds {output / foreign[0]}{more}, which is not "
+                                "part of the export (its manifest does not list it): replacing "
+                                "the export would delete it; move it out or choose another "
+                                "--output (nothing was written)")
+
+
+def listed_files(directory: Path) -> list[str]:
+    """The file names the manifest of the export ``directory`` lists (none when it cannot be
+    read: then nothing in the directory counts as the export's)."""
+    try:
+        manifest = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    return [name for name in files if isinstance(name, str)] if isinstance(files, dict) else []
 
 
 def replace_directory(new: Path, output: Path, kind: str) -> None:
@@ -43,6 +64,7 @@ def replace_directory(new: Path, output: Path, kind: str) -> None:
         shutil.rmtree(old)
     else:
         os.replace(new, output)
+    note_written(output)
 
 
 def write_export(output: Path, kind: str, manifest: dict, fill: Callable[[Path], None],
@@ -61,7 +83,10 @@ def write_export(output: Path, kind: str, manifest: dict, fill: Callable[[Path],
         atomic_write_text(directory / MANIFEST, json.dumps(manifest, indent=1) + "\n")
         check(directory)
         replace_directory(directory, output, kind)
-    except OSError as error:
-        raise file_error(output, error, writing=True) from None
+    except Exception as error:  # a full disk in a library's writer (safetensors...) too
+        reason = os_error_of(error)
+        if reason is None:
+            raise
+        raise file_error(output, reason, writing=True) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -52,6 +52,7 @@ from ..builtin_transformer import (
 )
 from ..files.atomic import atomic_write
 from ..files.checkpoints import torch_save
+from ..files.fingerprint import ARCHITECTURE, architecture
 from ..files.fingerprint import KEY as FINGERPRINT_KEY
 from ..models.transformer_config import UNSUPPORTED_OPTIONS
 from ..paper import BEAM, LENPEN, MAX_LEN_OVER_SOURCE
@@ -313,7 +314,11 @@ def exported_state(state: dict, ours: nn.Module, theirs: nn.Module, data_dir: Pa
         "extra_state": {
             "train_iterator": {"epoch": int((extra.get("train_iterator") or {}).get("epoch", 1))},
         },
-        **({FINGERPRINT_KEY: dict(state[FINGERPRINT_KEY])} if FINGERPRINT_KEY in state else {}),
+        # the data part of the training fingerprint, and the architecture of our model: this
+        # configuration describes fairseq's layout of the same function (learned positions
+        # holding our sinusoids), which ensembles with ours must not take for another one
+        FINGERPRINT_KEY: {**dict(state.get(FINGERPRINT_KEY) or {}),
+                          ARCHITECTURE: architecture(ours.cfg)},
     }
 
 

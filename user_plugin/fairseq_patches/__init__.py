@@ -139,9 +139,10 @@ PATCHES: Tuple[Patch, ...] = (
         _one(f"{_CHECKPOINTS}:load_model_ensemble_and_task",
              f"{_RUN}:_checking_load_model_ensemble_and_task"),
         "checkpoints used together (fairseq-generate --path a:b, the hub, the export) must have "
-        "been trained on the same data, and on the data dictionaries given: one line naming both "
-        "fingerprints (fairseq alone: checkpoints trained on a reordered dictionary of the same "
-        "size ensemble into garbage without a word)",
+        "been trained on the same data, and on the data dictionaries given, with the same "
+        "architecture options: one line naming both fingerprints or the options (fairseq alone: "
+        "checkpoints trained on a reordered dictionary of the same size, or with 4 and 8 heads, "
+        "ensemble into garbage without a word); a copy of a checkpoint is used once",
     ),
     Patch(
         "one_line_errors",
@@ -149,7 +150,8 @@ PATCHES: Tuple[Patch, ...] = (
         "the plugin's UserError reaching fairseq's entry points prints 'prog: error: ...' and "
         "exits 1, instead of a traceback, and so do fairseq's errors on bad input that "
         "files.known_errors recognises (--max-tokens below a sentence, a missing dictionary, a "
-        "checkpoint of another layout); other exceptions keep the previous hook",
+        "checkpoint of another layout); Ctrl-C prints one line saying what was left (a training "
+        "run's last checkpoint) and ends by SIGINT; other exceptions keep the previous hook",
     ),
     Patch(
         "bf16_without_tpu",

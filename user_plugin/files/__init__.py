@@ -1,7 +1,9 @@
 """The project's file chores, in one place for the plugin and every script.
 
-* :mod:`.errors`: :class:`UserError` (bad input or files, reported as one line),
-  :func:`first_line`, :func:`run_main` (``prog: error: ...`` and exit status 1) and
+* :mod:`.errors`: :class:`UserError` (bad input or files, reported as one line) and
+  :class:`InvalidValue` (an option or value out of range, also a ``ValueError``),
+  :func:`first_line`, :func:`run_main` (``prog: error: ...`` and exit status 1; an interrupt
+  as ``prog: interrupted: WHAT WAS LEFT`` and status 130) and
   :func:`console_script` (an installed command's entry point through it),
   :func:`file_error` (an ``OSError``/``UnicodeDecodeError`` about a path as one line: a full
   disk is ``PATH: cannot write (no space left on device)``) and
@@ -10,7 +12,8 @@
 * :mod:`.atomic`: :func:`atomic_write`, :func:`atomic_write_text`, :func:`atomic_copy` (a
   locked temporary file beside the destination, then ``os.replace``), the temporary files'
   names, :func:`remove_stale_temporaries` (those left by killed writes), and
-  :func:`refuse_input_clash` (an output never replaces an input: same path or same inode);
+  :func:`refuse_input_clash` (an output never is, holds or lies inside an input, nor is a
+  training checkpoint: :mod:`.training_state`);
 * :mod:`.text`: the line rule (only LF ends a line) for every reader of line-aligned text,
   :func:`iter_lines`, :func:`split_lines`, :func:`decode_lines`, :func:`single_line`; and
   :func:`read_lines` (universal newlines) for logs;
@@ -19,7 +22,13 @@
   :func:`save_checkpoint` (atomic, verified), :func:`torch_save` (a full disk as an
   ``OSError``), :func:`state_dict_mismatch`, :data:`LOAD_ERRORS`,
   :class:`CheckpointError`;
-* :mod:`.lock`: :class:`DirectoryLock`, one process at a time in a directory.
+* :mod:`.lock`: :class:`DirectoryLock`, one process at a time in a directory;
+* :mod:`.training_state`: what a training run keeps in its save directory (checkpoints holding
+  an optimizer state, fairseq's checkpoint names, the run's lock), so that no output replaces
+  it;
+* :mod:`.fingerprint`: the training fingerprint (dictionaries, direction, and the architecture
+  options read from ``cfg.model``) and the identity of a model's parameters by content;
+* :mod:`.known_errors`: fairseq's errors on bad input as one line, and the exception hook.
 
 Importing this package needs neither torch nor fairseq (reading a checkpoint imports them).
 fairseq sets up logging at INFO and logs a line when it is first imported, unless logging is
@@ -50,6 +59,7 @@ from .checkpoints import (
     torch_save,
 )
 from .errors import (
+    InvalidValue,
     UserError,
     console_script,
     file_error,
@@ -63,6 +73,7 @@ from .text import decode_lines, iter_lines, read_lines, single_line, split_lines
 
 __all__ = [
     "int_at_least",
+    "InvalidValue",
     "LOAD_ERRORS",
     "TEMP_SUFFIX",
     "CheckpointError",

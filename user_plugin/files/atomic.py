@@ -13,6 +13,12 @@ when the writer ends, however it ends: a temporary file that nobody holds is an 
 killed write. :func:`remove_stale_temporaries` removes those of a directory, and every atomic
 write does it in its destination's directory before it starts, so a killed write's partial
 file (as large as a checkpoint) does not keep a disk full.
+
+What may be written where: :func:`refuse_input_clash` refuses, before anything is written, an
+output that is, holds or lies inside one of the inputs it is made from, or that is a training
+checkpoint (:mod:`.training_state`); every atomic write applies it, and commands call it with
+all they read before their work starts. A completed write is recorded
+(:func:`~user_plugin.files.errors.note_written`) for the line an interrupt prints.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .errors import UserError, file_error
+from .errors import UserError, file_error, note_written
+from .training_state import training_checkpoint_problem
 
 #: The ending of every temporary file or directory of an atomic write.
 TEMP_SUFFIX = ".vaswani-tmp"
@@ -86,12 +93,35 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
         return False
 
 
-def refuse_input_clash(output: str | os.PathLike,
-                       inputs: Sequence[str | os.PathLike]) -> None:
-    """Raise a one-line :class:`UserError` when ``output`` names one of ``inputs`` (by
-    :func:`same_file`): an output never replaces an input. Called by every atomic write given
-    its inputs, before anything is written, and by commands before their work starts. An
-    ``output`` that names no file (empty, ``.``, ``..``) is refused likewise."""
+def _within(directory: str | os.PathLike, path: str | os.PathLike) -> bool:
+    """Whether ``path`` lies inside the existing directory ``directory`` at any depth (not
+    ``directory`` itself): one of the ancestors of ``path``, symbolic links resolved, is
+    ``directory`` (by :func:`same_file`, so a directory reached by another path or through a
+    bind mount counts too)."""
+    if not os.path.isdir(directory):
+        return False
+    return any(same_file(directory, ancestor)
+               for ancestor in Path(os.path.realpath(path)).parents)
+
+
+def refuse_input_clash(output: str | os.PathLike, inputs: Sequence[str | os.PathLike] = (),
+                       training_save: bool = False) -> None:
+    """Raise a one-line :class:`UserError` when writing ``output`` (a file, or a directory
+    written whole) could lose or change what a command reads or what a training run keeps:
+
+    * ``output`` names no file (empty, ``.``, ``..``);
+    * it is one of ``inputs`` (:func:`same_file`: the same path once resolved, or the same
+      inode, a hard link included);
+    * it is a directory holding one of ``inputs`` at any depth (replacing the directory would
+      delete the input);
+    * it lies inside an input that is a directory (the output would change that input, which
+      is read, or identified by its content, as a whole);
+    * it is a training checkpoint, or a checkpoint name of a training run's save directory
+      (:func:`~user_plugin.files.training_state.training_checkpoint_problem`), unless
+      ``training_save`` (a training run writing its own checkpoints).
+
+    Called by every atomic write given its inputs, before anything is written, and by commands
+    before their work starts (also for outputs that are directories)."""
     if not os.fspath(output).strip() or Path(output).name in ("", ".", ".."):
         raise UserError(f"{os.fspath(output)!r}: not a file name to write to")
     for source in inputs:
@@ -99,6 +129,20 @@ def refuse_input_clash(output: str | os.PathLike,
             also = "" if os.fspath(output) == os.fspath(source) else f" (as {source})"
             raise UserError(f"{output}: is also an input{also}; an output never replaces an "
                             "input: choose another output path (nothing was written)")
+    for source in inputs:
+        if os.path.isdir(output) and _within(output, source):
+            raise UserError(f"{output}: holds the input {source}; an output never contains an "
+                            "input (writing it would delete the input): choose another output "
+                            "path (nothing was written)")
+        if os.path.isdir(source) and _within(source, output):
+            raise UserError(f"{output}: lies inside the input directory {source}; an output "
+                            "never changes an input: choose an output path outside it (nothing "
+                            "was written)")
+    if not training_save:
+        problem = training_checkpoint_problem(output)
+        if problem is not None:
+            raise UserError(f"{output}: {problem}; an output never replaces the state of a "
+                            "training run: choose another output path (nothing was written)")
 
 
 def make_temp_dir(destination: str | os.PathLike) -> Path:
@@ -121,7 +165,7 @@ def _usual_mode() -> int:
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None],
-                 inputs: Sequence[str | os.PathLike] = ()) -> None:
+                 inputs: Sequence[str | os.PathLike] = (), training_save: bool = False) -> None:
     """Let ``write(temp_path)`` fill a temporary file next to ``path``, then move it into place.
 
     The destination's directory is created if missing, and orphaned temporary files of
@@ -129,10 +173,12 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None],
     file is locked while it is written. An ``OSError`` (here or in ``write``: a full disk, a
     read-only file system...) becomes a one-line :class:`UserError` naming ``path``; any other
     exception propagates. In both cases the temporary file is removed and ``path`` is
-    untouched. A ``path`` that is one of ``inputs`` (the files the content was made from) is
-    refused before anything is written (:func:`refuse_input_clash`).
+    untouched. A ``path`` that is, holds or lies inside one of ``inputs`` (the files the
+    content was made from), or that is a training checkpoint (unless ``training_save``: a
+    training run saving its own state), is refused before anything is written
+    (:func:`refuse_input_clash`).
     """
-    refuse_input_clash(path, inputs)
+    refuse_input_clash(path, inputs, training_save)
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
     try:
@@ -146,6 +192,8 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None],
         write(temp)
         os.chmod(temp, _usual_mode())
         os.replace(temp, path)
+        if not any(temp_destination(parent) for parent in path.parents):
+            note_written(path)  # not a file of a directory being staged
     except BaseException as error:
         try:
             os.unlink(temp)
@@ -169,10 +217,12 @@ def atomic_write_text(path: str | os.PathLike, text: str,
     atomic_write(path, write, inputs)
 
 
-def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike,
+                training_save: bool = False) -> None:
     """Copy the file ``src`` to ``dst`` atomically (``shutil.copyfile`` into a temporary file
     beside ``dst``, then ``os.replace``). An unreadable ``src`` is a :class:`UserError` naming
-    ``src``; a failed write one naming ``dst``."""
+    ``src``; a failed write one naming ``dst``. ``training_save``: a training run copying its
+    own checkpoint (``checkpoint_last.pt``), which :func:`refuse_input_clash` allows."""
 
     def write(temp: str) -> None:
         try:
@@ -182,5 +232,5 @@ def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
                 raise file_error(src, error) from None
             raise
 
-    atomic_write(dst, write)
+    atomic_write(dst, write, [src], training_save)
 

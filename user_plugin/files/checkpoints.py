@@ -217,7 +217,7 @@ def torch_save(state: dict, path: str | os.PathLike) -> None:
 
 
 def save_checkpoint(state: dict, path: str | os.PathLike, verify: bool = True,
-                    inputs: Sequence[str | os.PathLike] = ()) -> None:
+                    inputs: Sequence[str | os.PathLike] = (), training_save: bool = False) -> None:
     """Write ``state`` with ``torch.save`` to ``path`` atomically (a temporary file beside it,
     then ``os.replace``).
 
@@ -225,7 +225,9 @@ def save_checkpoint(state: dict, path: str | os.PathLike, verify: bool = True,
     (:func:`checkpoint_file_problem`) before it is moved into place. A failed write (a full
     disk, a read-only file system...) or a failed check is a one-line :class:`UserError`
     naming ``path``; nothing is left behind and ``path`` keeps its old content. A ``path``
-    that is one of ``inputs`` is refused before anything is written.
+    that is, holds or lies inside one of ``inputs``, or is a training checkpoint (unless
+    ``training_save``: a training run saving its own state), is refused before anything is
+    written (:func:`~user_plugin.files.atomic.refuse_input_clash`).
     """
 
     def write(temp: str) -> None:
@@ -235,7 +237,7 @@ def save_checkpoint(state: dict, path: str | os.PathLike, verify: bool = True,
             if problem is not None:
                 raise UserError(f"{path}: the written checkpoint does not read back: {problem}")
 
-    atomic_write(path, write, inputs)
+    atomic_write(path, write, inputs, training_save)
 
 
 def _shape(tensor) -> list[int]:

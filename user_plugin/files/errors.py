@@ -11,12 +11,20 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 
 
 class UserError(Exception):
     """A problem with the user's input or files, reported as one line without a traceback."""
+
+
+class InvalidValue(UserError, ValueError):
+    """A value the user gave that the plugin refuses (an option out of its range, a sentence
+    longer than the model): one line wherever it reaches the user, fairseq's CLIs included
+    (they report a :class:`UserError` through the plugin's exception hook), and a
+    ``ValueError`` for code that checks values."""
 
 
 def first_line(error: BaseException, with_type: bool = False) -> str:
@@ -32,22 +40,91 @@ def first_line(error: BaseException, with_type: bool = False) -> str:
     return name
 
 
+#: Status of a command stopped by an interrupt (Ctrl-C): 128 + SIGINT, as the shell reports it.
+INTERRUPTED = 130
+
+#: What this process's writes completed, in order (:func:`note_written`), and the callables that
+#: say what an interrupted run left (:func:`on_interrupt`), for :func:`interrupted_line`.
+_written: list[str] = []
+_interrupt_notes: list[Callable[[], str | None]] = []
+
+
+def note_written(path: str | os.PathLike) -> None:
+    """Record that ``path`` was written whole (an atomic write moved it into place)."""
+    _written.append(os.fspath(path))
+
+
+def on_interrupt(note: Callable[[], str | None]) -> None:
+    """Let ``note()`` say what an interrupt leaves (a training run: its last checkpoint);
+    the last registered note that says something is used. Registering one twice is a no-op."""
+    if note not in _interrupt_notes:
+        _interrupt_notes.append(note)
+
+
+def interrupted_line(foreign: bool = False) -> str:
+    """The line an interrupt (Ctrl-C) prints after ``prog: ``: what was left. Every write of
+    the project is atomic, so a file is either complete or untouched; the line says which
+    files this process completed, or the note of the work it ran (:func:`on_interrupt`).
+    ``foreign``: the program (one of fairseq's) also writes files of its own, which the line
+    cannot vouch for."""
+    for note in reversed(_interrupt_notes):
+        text = note()
+        if text:
+            return f"interrupted: {text}"
+    if foreign and not _written:
+        return ("interrupted before its end: what it printed, and any file it writes itself "
+                "(such as --results-path), is incomplete")
+    if not _written:
+        return "interrupted: no file was written or changed"
+    count = len(dict.fromkeys(_written))
+    return (f"interrupted: {count} file(s) were written whole before it (the last: "
+            f"{_written[-1]}); the one being written, if any, was not changed: rerun to finish")
+
+
+def end_by_interrupt() -> None:
+    """End this process as an interrupt does: killed by SIGINT (status 130 in the shell, so
+    that a calling script stops too), once the interpreter's exit functions have run (logs
+    flushed, a save directory's lock released) and the standard streams are flushed, but
+    without the interpreter's teardown of extension modules, where torch can abort the process
+    (``terminate called without an active exception``, status 134) when the interrupt stopped
+    a training step."""
+    import atexit
+    import signal
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or a broken pipe
+            pass
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+
+
 def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None,
              prog: str) -> int:
-    """Call ``main(argv)``; turn a :class:`UserError` into ``prog: error: ...`` and status 1."""
+    """Call ``main(argv)``; turn a :class:`UserError` into ``prog: error: ...`` and status 1,
+    and an interrupt (Ctrl-C) into ``prog: interrupted: WHAT WAS LEFT`` and status 130."""
     try:
         return main(argv)
     except UserError as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"{prog}: {interrupted_line()}", file=sys.stderr, flush=True)
+        return INTERRUPTED
 
 
 def console_script(main: Callable[[Sequence[str] | None], int], prog: str) -> Callable[[], int]:
     """The entry point of an installed command: ``main`` on the command line's arguments
-    through :func:`run_main` (bad input as one ``prog: error:`` line and status 1)."""
+    through :func:`run_main` (bad input as one ``prog: error:`` line and status 1, an
+    interrupt as one ``prog: interrupted:`` line and status 130)."""
 
     def cli_main() -> int:
-        return run_main(main, None, prog)
+        status = run_main(main, None, prog)
+        if status == INTERRUPTED:
+            end_by_interrupt()
+        return status
 
     cli_main.__doc__ = f"The ``{prog}`` command: bad input as one error line and status 1."
     return cli_main
@@ -59,6 +136,27 @@ def _os_reason(error: OSError) -> str:
     if error.strerror:
         return error.strerror[:1].lower() + error.strerror[1:]
     return first_line(error)
+
+
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def os_error_of(error: BaseException) -> OSError | None:
+    """The operating-system error behind ``error``: itself, the ``OSError`` it was raised from,
+    or the one a library written in Rust spelled into its message (safetensors reports a full
+    disk as ``SafetensorError: ... No space left on device (os error 28)``); None when there
+    is none (a :class:`UserError` already says what is wrong)."""
+    seen = set()
+    while error is not None and id(error) not in seen and not isinstance(error, UserError):
+        if isinstance(error, OSError):
+            return error
+        match = _RUST_OS_ERROR.search(str(error))
+        if match:
+            number = int(match.group(1))
+            return OSError(number, os.strerror(number))
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def file_error(path: str | os.PathLike, error: OSError | UnicodeDecodeError, writing: bool = False,

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from .errors import UserError, file_error
+from .errors import UserError, end_by_interrupt, file_error, interrupted_line
 
 _MAX_TOKENS = re.compile(r"Sentences lengths should not exceed max_tokens=(\d+)")
 _DICTIONARY = re.compile(r"dict\.(?P<lang>[^./]+)\.txt")
@@ -88,14 +88,21 @@ def one_line_excepthook(previous: Callable) -> Callable:
     """``sys.excepthook`` that reports a :class:`UserError` nothing caught as
     ``prog: error: ...`` (one line, exit status 1) instead of a traceback, and likewise the
     errors fairseq raises on bad input that :func:`one_line_cause`
-    recognises; other exceptions go to ``previous``. The plugin installs it
-    (:mod:`user_plugin.fairseq_patches`) in every command that loads it (fairseq's
-    ``fairseq-train``, ``fairseq-generate``...)."""
+    recognises; an interrupt (Ctrl-C) is one line saying what was left
+    (:func:`~user_plugin.files.errors.interrupted_line`: a training run's last checkpoint and
+    how to resume); other exceptions go to ``previous``, with their traceback. The plugin
+    installs it (:mod:`user_plugin.fairseq_patches`) in every command that loads it
+    (fairseq's ``fairseq-train``, ``fairseq-generate``...)."""
 
     def hook(kind, error, traceback) -> None:
+        prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+        if isinstance(error, KeyboardInterrupt):
+            foreign = any(name.split(".")[0] == "fairseq_cli" for name in sys.modules)
+            print(f"{prog}: {interrupted_line(foreign)}", file=sys.stderr, flush=True)
+            end_by_interrupt()  # killed by SIGINT: status 130 in the shell
+            return
         line = str(error) if isinstance(error, UserError) else one_line_cause(error)
         if line is not None:
-            prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
             print(f"{prog}: error: {line}", file=sys.stderr, flush=True)
         else:
             previous(kind, error, traceback)

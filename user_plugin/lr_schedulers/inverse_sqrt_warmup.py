@@ -16,6 +16,7 @@ model configuration in each form fairseq trains with: ours (a flat dataclass), f
 """
 
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -23,6 +24,8 @@ from typing import Any, Optional
 from fairseq.dataclass import FairseqDataclass
 from fairseq.optim.lr_scheduler import FairseqLRScheduler, register_lr_scheduler
 from omegaconf import II, DictConfig, OmegaConf
+
+from ..files.errors import InvalidValue
 
 logger = logging.getLogger(__name__)
 
@@ -63,12 +66,12 @@ class InverseSqrtWarmupSchedule(FairseqLRScheduler):
     def __init__(self, cfg: InverseSqrtWarmupConfig, optimizer) -> None:
         super().__init__(cfg, optimizer)
         if cfg.warmup_updates < 1:
-            raise ValueError(f"--warmup-updates must be at least 1, got {cfg.warmup_updates}")
-        if not cfg.lr_scale > 0:
-            raise ValueError(f"--lr-scale must be positive, got {cfg.lr_scale}")
+            raise InvalidValue(f"--warmup-updates must be at least 1, got {cfg.warmup_updates}")
+        if not 0 < cfg.lr_scale < math.inf:
+            raise InvalidValue(f"--lr-scale must be a positive finite number, got {cfg.lr_scale}")
         d_model = cfg.d_model if cfg.d_model is not None else model_dimension(cfg)
         if d_model is None or d_model < 1:
-            raise ValueError(
+            raise InvalidValue(
                 "vaswani_inverse_sqrt: the model has no --decoder-embed-dim; pass --d-model"
             )
         self.d_model = int(d_model)

@@ -32,6 +32,7 @@ from fairseq.models import FairseqIncrementalDecoder
 from fairseq.modules import AdaptiveSoftmax
 from torch import Tensor, nn
 
+from ..files.errors import InvalidValue
 from ..modules.attention import IncrementalState
 from ..modules.beam_state import BeamLayout, BeamState
 from ..modules.positional_encoding import check_length, token_positions
@@ -238,7 +239,7 @@ def _adaptive_softmax(cfg, vocab_size: int, width: int) -> AdaptiveSoftmax:
     """fairseq's adaptive softmax over ``vocab_size`` types from ``width``-wide features."""
     cutoff = list(utils.eval_str_list(cfg.adaptive_softmax_cutoff, type=int))
     if cutoff[-1] > vocab_size:
-        raise ValueError(
+        raise InvalidValue(
             f"vaswani_transformer: --adaptive-softmax-cutoff {cfg.adaptive_softmax_cutoff} "
             f"exceeds the target vocabulary of {vocab_size} types"
         )

@@ -14,6 +14,7 @@ from typing import List, Optional
 
 from omegaconf import OmegaConf, open_dict
 
+from ..files.errors import InvalidValue
 from .transformer_config import SIDES
 
 
@@ -26,11 +27,11 @@ def layers_to_keep(value, layers: int, option: str) -> Optional[List[int]]:
     try:
         kept = [int(str(item).strip()) for item in items]
     except ValueError:
-        raise ValueError(
+        raise InvalidValue(
             f"vaswani_transformer: {option} takes comma-separated layer numbers, got {value!r}"
         ) from None
     if len(set(kept)) != len(kept) or not all(0 <= i < layers for i in kept):
-        raise ValueError(
+        raise InvalidValue(
             f"vaswani_transformer: {option} {value!r} must name distinct layers among the "
             f"{layers} of the stack (0 to {layers - 1})"
         )

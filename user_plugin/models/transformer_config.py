@@ -21,6 +21,8 @@ from fairseq import utils
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from omegaconf import OmegaConf, open_dict
 
+from ..files.errors import InvalidValue
+
 ActivationChoice = ChoiceEnum(utils.get_available_activation_fns())
 
 # fairseq's default: layers smaller than this are not wrapped on their own by FSDP
@@ -380,7 +382,7 @@ def validate_config(cfg) -> None:
 
     def require(condition: bool, message: str) -> None:
         if not condition:
-            raise ValueError(f"vaswani_transformer: {message}")
+            raise InvalidValue(f"vaswani_transformer: {message}")
 
     defaults = {f.name: f.default for f in fields(VaswaniTransformerConfig)}
     for name, reason in UNSUPPORTED_OPTIONS.items():

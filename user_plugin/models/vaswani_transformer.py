@@ -26,6 +26,7 @@ from fairseq import utils
 from fairseq.models import FairseqEncoderDecoderModel, register_model
 from torch import Tensor, nn
 
+from ..files.errors import InvalidValue, UserError
 from ..generation.alignment import alignment_requested, check_replace_unk
 from ..generation.decoding_options import DecodingOptionError
 from .blocks import TransformerBlocks
@@ -58,7 +59,7 @@ class VaswaniTransformerModel(FairseqEncoderDecoderModel):
         src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
         if cfg.share_all_embeddings:
             if src_dict != tgt_dict:
-                raise ValueError(
+                raise InvalidValue(
                     "--share-all-embeddings needs a joined dictionary "
                     "(fairseq-preprocess --joined-dictionary)"
                 )
@@ -181,6 +182,10 @@ class VaswaniTransformerModel(FairseqEncoderDecoderModel):
                 module.training = True
 
 
+class MissingEmbeddingFile(UserError, FileNotFoundError):
+    """A ``--*-embed-path`` that names no file: one line (a :class:`UserError`)."""
+
+
 def load_pretrained_embedding(
     embedding: nn.Embedding, dictionary, path: Optional[str], option: str
 ) -> None:
@@ -190,12 +195,12 @@ def load_pretrained_embedding(
     if not path:
         return
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"vaswani_transformer: {option}: no such file {path}")
+        raise MissingEmbeddingFile(f"vaswani_transformer: {option}: no such file {path}")
     vectors = utils.parse_embedding(path)
     width = embedding.weight.size(1)
     for word, vector in vectors.items():
         if vector.numel() != width:
-            raise ValueError(
+            raise InvalidValue(
                 f"vaswani_transformer: {option} {path} holds {vector.numel()}-dimensional "
                 f"vectors (word {word!r}), the embeddings are {width}-dimensional"
             )

@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..files.errors import InvalidValue
+
 
 def token_positions(tokens: Tensor, padding_idx: int) -> Tensor:
     """Return the 0-based position of every non-pad token in ``tokens`` ([B, T]); pads get 0.
@@ -65,7 +67,7 @@ class LearnedPositionalEmbedding(nn.Module):
 def check_length(length: int, max_positions: int, option: str) -> None:
     """Refuse a sequence longer than the position table with a message naming the option."""
     if length > max_positions:
-        raise ValueError(
+        raise InvalidValue(
             f"a sequence of {length} tokens exceeds the model's {max_positions} positions "
             f"({option}); fairseq skips such sentences with --skip-invalid-size-inputs-valid-test"
         )
