@@ -245,7 +245,7 @@ def fp16_wrapper_checkpoint(autocast_checkpoint, tmp_path, wrapper: str):
     optimizer_state["loss_scale"] = 32.0
     state["last_optimizer_state"] = optimizer_state
     save_dir = fresh_copy(autocast_checkpoint, tmp_path, wrapper)
-    save_checkpoint(state, save_dir / "checkpoint_last.pt")
+    save_checkpoint(state, save_dir / "checkpoint_last.pt", training_save=True)
     return save_dir, state
 
 
@@ -332,7 +332,7 @@ def test_a_state_that_does_not_fit_the_model_is_one_line(autocast_checkpoint, tm
     group = state["last_optimizer_state"]["param_groups"][0]
     group["params"] = group["params"][:-1]
     path = tmp_path / "checkpoint_last.pt"
-    save_checkpoint(state, path)
+    save_checkpoint(state, path, training_save=True)
     made = trainer_for(autocast_checkpoint.data_bin, "--bf16")
     with pytest.raises(UserError, match=r"it holds state for \d+ tensors, this model has \d+ "
                        r"parameter tensors; add --reset-optimizer .*, or resume with "

@@ -458,4 +458,4 @@ def test_the_shell_layer_is_thin_and_the_lock_name_is_defined_once():
     shell = [p for p in (REPO / "recipes").rglob("*.sh") if LOCK_NAME in p.read_text()]
     python = [p for p in (REPO / "user_plugin").rglob("*.py")
               if f'"{LOCK_NAME}"' in p.read_text(encoding="utf-8")]
-    assert shell == [] and [p.name for p in python] == ["training_run.py"]
+    assert shell == [] and [p.name for p in python] == ["training_state.py"]

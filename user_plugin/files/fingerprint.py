@@ -92,7 +92,7 @@ NOT_ARCHITECTURE_OPTIONS = frozenset({
     "quant_noise_scalar", "adaptive_softmax_dropout", "checkpoint_activations",
     "offload_activations", "min_params_to_wrap", "export", "encoder_embed_path",
     "decoder_embed_path", "max_source_positions", "max_target_positions", "alignment_layer",
-    "alignment_heads", "full_context_alignment",
+    "alignment_heads", "full_context_alignment", "compile_layers",
 })
 
 
