@@ -194,7 +194,9 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answers(server, r
     (b'{"text": ["A dog runs."], "beam": true}', 422, "beam: expected an integer, got a boolean"),
     (b'{"text": ["A dog runs."], "nbest": 5}', 422, "nbest: must be between 1 and 4, got 5"),
     (b'{"text": ["A dog runs."], "lenpen": NaN}', 422, "body: not JSON (NaN is not a JSON"),
-    (b'{"text": ["A dog runs."], "lenpen": 1e999}', 422, "lenpen: must be a finite number"),
+    (b'{"text": ["A dog runs."], "lenpen": 1e999}', 422, "lenpen: must be a number from 0 to 10"),
+    (b'{"text": ["A dog runs."], "lenpen": 1000}', 422, "lenpen: must be a number from 0 to 10"),
+    (b'{"text": ["A dog runs."], "lenpen": -0.5}', 422, "lenpen: must be a number from 0 to 10"),
     (b'{"text": ["A dog runs."], "lenpen": null}', 422, "lenpen: expected a number, got null"),
     (json.dumps({"text": ["x"] * 257}).encode(), 413, "text: 257 sentences, more than the 256"),
     (b'{"text": ["' + b"a" * (1 << 20) + b'"]}', 413, "body: "),
@@ -443,6 +445,15 @@ def test_command_errors_are_one_line(model_dir, tmp_path):
         "vaswani-serve: error: cannot listen on 127.0.0.1:")
     bad_limits = run(str(model_dir), "--max-sentences", "2000")
     assert bad_limits.returncode == 1 and "max_queue" in bad_limits.stderr
+    # refused before anything loads: a port a socket would take modulo 65536, more threads
+    # than torch can start, a length penalty out of the decoding options' one range
+    for option, value, says in (("--port", "99999", "must be from 0 to 65535"),
+                                ("--threads", "100000", "must be from 0 to 1024"),
+                                ("--lenpen", "11", "must be a number from 0 to 10")):
+        refused = run(str(model_dir), option, value)
+        assert refused.returncode == 2 and "listening" not in refused.stderr
+        assert refused.stderr.strip().splitlines()[-1].startswith(
+            f"vaswani-serve: error: argument {option}: {says}")
 
 
 # -- the page in a real headless Chromium ---------------------------------------------------------

@@ -27,11 +27,16 @@ from pathlib import Path
 logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
 
 from user_plugin.files import UserError, console_script, int_at_least  # noqa: E402
-from user_plugin.files.errors import finite_float  # noqa: E402
+from user_plugin.files.errors import finite_float, int_between  # noqa: E402
+from user_plugin.generation.decoding_options import option_type  # noqa: E402
 from user_plugin.paper import BEAM, LENPEN  # noqa: E402
 from user_plugin.serving.limits import Limits  # noqa: E402
 
 PROG = "vaswani-serve"
+
+
+#: More intra-op threads than any machine has cores; torch crashes (SIGSEGV) creating ~100,000.
+MAX_THREADS = 1024
 
 
 def positive_seconds(text: str) -> float:
@@ -49,7 +54,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="a model directory, or a CTranslate2 export with --backend "
                         "ctranslate2 (as vaswani-translate takes)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--port", type=int_at_least(0), default=8000,
+    parser.add_argument("--port", type=int_between(0, 65535), default=8000,
                         help="port to listen on (0: a free one, printed)")
     parser.add_argument("--backend", choices=("fairseq", "ctranslate2"), default="fairseq")
     model = parser.add_argument_group("the model's files (as vaswani-translate)")
@@ -60,11 +65,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     model.add_argument("--bpe-codes", type=Path)
     model.add_argument("--sentencepiece-model", type=Path)
     decoding = parser.add_argument_group("decoding (defaults for requests that give none)")
-    decoding.add_argument("--beam", type=int_at_least(1), default=BEAM)
-    decoding.add_argument("--lenpen", type=finite_float, default=LENPEN)
+    decoding.add_argument("--beam", type=option_type("beam"), default=BEAM)
+    decoding.add_argument("--lenpen", type=option_type("lenpen"), default=LENPEN)
     decoding.add_argument("--batch-size", type=int_at_least(1), default=64,
                           help="sentences per batch of the hub's decoder")
-    decoding.add_argument("--threads", type=int_at_least(0), default=0,
+    decoding.add_argument("--threads", type=int_between(0, MAX_THREADS), default=0,
                           help="CPU threads of the decoder (torch intra-op, or CTranslate2's "
                           "intra_threads); 0: the library's default")
     limits = parser.add_argument_group("limits (docs/serving.md)")

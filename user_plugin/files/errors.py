@@ -199,3 +199,18 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
 
     parse.__name__ = f"integer >= {minimum}"
     return parse
+
+
+def int_between(minimum: int, maximum: int) -> Callable[[str], int]:
+    """An argparse ``type`` for integers from ``minimum`` to ``maximum``: anything else is
+    argparse's one usage error naming the option (a port above 65535, say, which a socket
+    would otherwise take modulo 65536)."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"must be from {minimum} to {maximum}, got {value}")
+        return value
+
+    parse.__name__ = f"integer from {minimum} to {maximum}"
+    return parse

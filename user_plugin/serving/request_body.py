@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 
 from ..files.text import BYTE_ORDER_MARK
+from ..generation.decoding_options import DecodingOptionError, check_value
 from ..paper import BEAM, LENPEN
 from .limits import Limits
 
@@ -77,9 +78,11 @@ def _number(body: dict, name: str, default: float) -> float:
     value = body.get(name, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise RequestError(422, f"{name}: expected a number, got {_kind(value)}")
-    if not math.isfinite(value):
-        raise RequestError(422, f"{name}: must be a finite number, got {value}")
-    return float(value)
+    try:
+        return float(check_value(name, value))
+    except DecodingOptionError as error:
+        # the decoding options' one range, named as the request's field
+        raise RequestError(422, str(error).removeprefix("--")) from None
 
 
 def _sentence(value: object, where: str) -> str:
