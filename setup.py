@@ -57,8 +57,10 @@ setup(
         # ctranslate2: vaswani-export --to ctranslate2 and the hub's
         # backend="ctranslate2" (CPU int8 decoding); the tests run them.
         # httpx: Starlette's TestClient and the client of scripts/benchmark_serving.py
-        "test": ["pytest", "hypothesis", "matplotlib", "ruff", "ctranslate2==4.8.5",
-                 "transformers>=5,<6", "httpx"],
+        # pytest-xdist: scripts/run_tests.sh runs the suite's files on every core (its
+        # processes use one thread each), which halves CI's wall time on 2 cores
+        "test": ["pytest", "pytest-xdist", "hypothesis", "matplotlib", "ruff",
+                 "ctranslate2==4.8.5", "transformers>=5,<6", "httpx"],
         "plot": ["matplotlib"],
         "ctranslate2": ["ctranslate2==4.8.5"],
         # transformers: vaswani-export --to transformers (Marian / FSMT)
