@@ -191,8 +191,10 @@ def test_an_unchecked_fairseq_version_gives_one_warning_line_and_applies(
 def test_an_unchecked_version_skips_a_patch_whose_target_is_gone(monkeypatch, caplog):
     import fairseq
 
+    from user_plugin.fairseq_patches.precision import trainer_train_step_fp16_on_cpu
+
     gone = Patch("gone", (Replacement("fairseq.trainer:Trainer.no_such_method",
-                                      "user_plugin.precision:trainer_train_step_fp16_on_cpu"),),
+                                      trainer_train_step_fp16_on_cpu),),
                  "a row whose target a later fairseq removed")
     monkeypatch.setattr(fairseq_patches, "PATCHES", (gone,))
     monkeypatch.setattr(fairseq_patches, "BY_NAME", {"gone": gone})
@@ -207,7 +209,7 @@ def test_an_unchecked_version_skips_a_patch_whose_target_is_gone(monkeypatch, ca
 def test_tensor_cuda_is_replaced_only_inside_the_with_block():
     import torch
 
-    from user_plugin.precision import _tensor_cuda_stays_on_cpu
+    from user_plugin.fairseq_patches.precision import _tensor_cuda_stays_on_cpu
 
     cuda = torch.Tensor.cuda
     with pytest.raises(RuntimeError, match="inside"):

@@ -501,7 +501,7 @@ def test_reset_options_decide_whether_a_finished_run_goes_on(reset, finished):
     from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    from user_plugin.training_run import finished_reason
+    from user_plugin.fairseq_patches.save_directory import finished_reason
 
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(parser, [

@@ -41,7 +41,7 @@ MODEL_ARGS = [
 ]
 RUN_ARGS = ["--cpu", "--seed", "1", *PAPER_OPTIMIZATION_ARGS, "--warmup-updates", "40",
             "--max-tokens", "1000", "--required-batch-size-multiple", "1"]
-CONVERTED = "user_plugin.optimizers.state_layouts"
+CONVERTED = "user_plugin.fairseq_patches.optimizer_state"
 
 
 def train_args(data_bin, save_dir, max_update: int, *flags) -> list:

@@ -18,8 +18,8 @@ from conftest import REPO
 
 from user_plugin import recipe_steps as steps
 from user_plugin.commands import recipe_step
+from user_plugin.fairseq_patches.save_directory import LOCK_NAME
 from user_plugin.files import run_main
-from user_plugin.training_run import LOCK_NAME
 
 CONFIG = "v1 en-de arch=tiny max_update=6 warmup=4 extra=--dropout 0.1"
 
@@ -458,4 +458,4 @@ def test_the_shell_layer_is_thin_and_the_lock_name_is_defined_once():
     shell = [p for p in (REPO / "recipes").rglob("*.sh") if LOCK_NAME in p.read_text()]
     python = [p for p in (REPO / "user_plugin").rglob("*.py")
               if f'"{LOCK_NAME}"' in p.read_text(encoding="utf-8")]
-    assert shell == [] and [p.name for p in python] == ["training_run.py"]
+    assert shell == [] and [p.name for p in python] == ["training_state.py"]

@@ -28,11 +28,12 @@ command                    module
 =========================  ================================================================
 
 Importing the package installs the project's one-line exception hook
-(:func:`~user_plugin.files.known_errors.install_one_line_errors`), so that an interrupt (Ctrl-C)
-or an error while a command is still loading its libraries (torch and fairseq take seconds) is
-one line too, as it is once the command runs (:func:`~user_plugin.files.errors.run_main`).
+(:func:`~user_plugin.fairseq_patches.one_line_errors.install_one_line_errors`), so that an
+interrupt (Ctrl-C) or an error while a command is still loading its libraries (torch and fairseq
+take seconds) is one line too, as it is once the command runs
+(:func:`~user_plugin.files.errors.run_main`).
 """
 
-from ..files.known_errors import install_one_line_errors
+from ..fairseq_patches.one_line_errors import install_one_line_errors
 
 install_one_line_errors()

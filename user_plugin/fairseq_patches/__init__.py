@@ -1,12 +1,17 @@
-"""Every change the plugin makes to fairseq (and to the process) when it loads: one table.
+"""Every change the plugin makes to fairseq (and to the process) when it loads: one table, and
+the code of every replacement it installs.
 
 Loading ``--user-dir user_plugin`` replaces a few attributes of fairseq's modules and classes
 (and ``sys.excepthook``), in the whole process: they fix fairseq 0.12 bugs met on this stack or
 add what a training run needs (atomic checkpoint copies, verified resumes, progress lines).
-Each row of :data:`PATCHES` names one patch: the attributes it replaces, what it fixes or adds
+Each row of :data:`PATCHES` names one patch: the attributes it replaces, the replacement (by an
+ordinary import, so the import graph shows what each row depends on), what it fixes or adds
 with the failure observed without it, and the fairseq versions it was checked against. The
-code of each replacement lives with its subject (``training_run``, ``precision``...); this
-package only installs and removes them. ``python -m user_plugin.fairseq_patches`` lists them.
+replacements live in this package, one module per subject: :mod:`.save_directory` (the
+training run's save directory and the checkpoints fairseq reads), :mod:`.checkpoint_copy`,
+:mod:`.precision`, :mod:`.optimizer_state`, :mod:`.progress`, :mod:`.decoding`,
+:mod:`.one_line_errors`. Nothing outside this package replaces an attribute of fairseq.
+``python -m user_plugin.fairseq_patches`` lists the rows.
 
 **Turning them off.** The environment variable ``VASWANI_FAIRSEQ_PATCHES`` (read by
 :func:`install`):
@@ -41,6 +46,16 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from . import (
+    checkpoint_copy,
+    decoding,
+    one_line_errors,
+    optimizer_state,
+    precision,
+    progress,
+    save_directory,
+)
+
 logger = logging.getLogger(__name__)
 
 ENV_VAR = "VASWANI_FAIRSEQ_PATCHES"
@@ -54,9 +69,10 @@ FAIRSEQ_0_12 = ("0.12.3.1",)
 class Replacement:
     """One attribute a patch replaces.
 
-    ``target`` is ``"module:attribute.path"`` (``"fairseq.trainer:Trainer.train_step"``).
-    ``new`` is ``"module:name"`` of the replacement; with ``wraps`` it is called with fairseq's
-    original and returns the replacement, otherwise it is the replacement itself.
+    ``target`` is ``"module:attribute.path"`` of fairseq's attribute
+    (``"fairseq.trainer:Trainer.train_step"``: a name, since a fairseq version may lack it).
+    ``new`` is the replacement; with ``wraps`` it is called with fairseq's original and returns
+    the replacement, otherwise it is the replacement itself.
     ``where_loaded``: the target's module is never imported for the patch, only patched where
     it already runs (a ``fairseq_cli`` command's own module, which ``python -m`` runs as
     ``__main__``, loads the plugin from its ``main``); elsewhere the patch has nothing to
@@ -64,7 +80,7 @@ class Replacement:
     """
 
     target: str
-    new: str
+    new: Callable[..., Any]
     wraps: bool = True
     where_loaded: bool = False
 
@@ -72,6 +88,11 @@ class Replacement:
     def dotted(self) -> str:
         """The target as ``module.attribute`` (``fairseq.trainer.Trainer.train_step``)."""
         return self.target.replace(":", ".")
+
+    @property
+    def replacement(self) -> str:
+        """Where the replacement is defined (``module.name``)."""
+        return f"{self.new.__module__}.{self.new.__qualname__}"
 
 
 @dataclass(frozen=True)
@@ -85,21 +106,17 @@ class Patch:
     checked: Tuple[str, ...] = FAIRSEQ_0_12
 
 
-def _one(target: str, new: str, wraps: bool = True,
+def _one(target: str, new: Callable[..., Any], wraps: bool = True,
          where_loaded: bool = False) -> Tuple[Replacement, ...]:
     return (Replacement(target, new, wraps, where_loaded),)
 
 
 _CHECKPOINTS = "fairseq.checkpoint_utils"
-_RUN = "user_plugin.training_run"
-_DECODING = "user_plugin.generation.fairseq_fixes"
-_PRECISION = "user_plugin.precision"
 
 PATCHES: Tuple[Patch, ...] = (
     Patch(
         "atomic_checkpoint_copy",
-        _one(f"{_CHECKPOINTS}:PathManager",
-             "user_plugin.atomic_checkpoint_copy:atomic_copy_path_manager"),
+        _one(f"{_CHECKPOINTS}:PathManager", checkpoint_copy.atomic_copy_path_manager),
         "checkpoint_last.pt / checkpoint_best.pt are copied atomically; fairseq's plain copy "
         "killed mid-way left a truncated checkpoint_last.pt that the next run failed to resume "
         "from (docs/faults.md)",
@@ -107,13 +124,13 @@ PATCHES: Tuple[Patch, ...] = (
     Patch(
         "save_dir_lock",
         _one(f"{_CHECKPOINTS}:verify_checkpoint_directory",
-             f"{_RUN}:_locking_verify_checkpoint_directory"),
+             save_directory.locking_verify_checkpoint_directory),
         "one writer per --save-dir: a second fairseq-train on a directory a live run uses stops "
         "with one line naming the holder, before writing anything (fairseq alone has no lock)",
     ),
     Patch(
         "resume_plan",
-        _one(f"{_CHECKPOINTS}:load_checkpoint", f"{_RUN}:_guarded_load_checkpoint"),
+        _one(f"{_CHECKPOINTS}:load_checkpoint", save_directory.guarded_load_checkpoint),
         "a rerun of a finished run changes nothing (fairseq alone trains update max+1 and "
         "overwrites checkpoint_last.pt); a damaged checkpoint_last.pt resumes from the newest "
         "intact checkpoint (fairseq alone resumes from garbage); partial files of killed saves "
@@ -122,14 +139,14 @@ PATCHES: Tuple[Patch, ...] = (
     Patch(
         "one_line_checkpoint_save",
         _one(f"{_CHECKPOINTS}:torch_persistent_save",
-             f"{_RUN}:_one_line_torch_persistent_save"),
+             save_directory.one_line_torch_persistent_save),
         "checkpoints are written atomically and a full disk is one error line (fairseq alone: "
         "a 25-line RuntimeError from torch's zip writer, and a .tmp file left)",
     ),
     Patch(
         "verified_checkpoint_load",
         _one(f"{_CHECKPOINTS}:load_checkpoint_to_cpu",
-             f"{_RUN}:_verifying_load_checkpoint_to_cpu"),
+             save_directory.verifying_load_checkpoint_to_cpu),
         "every checkpoint fairseq reads is CRC-checked first: a truncated, damaged or foreign "
         "file is one line naming it (fairseq alone: a torch.load traceback, or a flipped bit "
         "loaded unnoticed)",
@@ -137,7 +154,7 @@ PATCHES: Tuple[Patch, ...] = (
     Patch(
         "ensemble_fingerprints",
         _one(f"{_CHECKPOINTS}:load_model_ensemble_and_task",
-             f"{_RUN}:_checking_load_model_ensemble_and_task"),
+             save_directory.checking_load_model_ensemble_and_task),
         "checkpoints used together (fairseq-generate --path a:b, the hub, the export) must have "
         "been trained on the same data, and on the data dictionaries given, with the same "
         "architecture options: one line naming both fingerprints or the options (fairseq alone: "
@@ -146,16 +163,16 @@ PATCHES: Tuple[Patch, ...] = (
     ),
     Patch(
         "one_line_errors",
-        _one("sys:excepthook", "user_plugin.files.known_errors:one_line_excepthook"),
+        _one("sys:excepthook", one_line_errors.one_line_excepthook),
         "the plugin's UserError reaching fairseq's entry points prints 'prog: error: ...' and "
         "exits 1, instead of a traceback, and so do fairseq's errors on bad input that "
-        "files.known_errors recognises (--max-tokens below a sentence, a missing dictionary, a "
+        "one_line_errors recognises (--max-tokens below a sentence, a missing dictionary, a "
         "checkpoint of another layout); Ctrl-C prints one line saying what was left (a training "
         "run's last checkpoint) and ends by SIGINT; other exceptions keep the previous hook",
     ),
     Patch(
         "bf16_without_tpu",
-        _one("fairseq.distributed.utils:call_main", f"{_PRECISION}:call_main_bf16_without_tpu"),
+        _one("fairseq.distributed.utils:call_main", precision.call_main_bf16_without_tpu),
         "--bf16 without torch_xla: fairseq turns --tpu on with it and died with \"'NoneType' "
         "object has no attribute 'xla_device'\" (on CPU and CUDA); --tpu is turned off again "
         "(every run: it only turns the crash into fairseq's own non-TPU path)",
@@ -164,15 +181,15 @@ PATCHES: Tuple[Patch, ...] = (
         "mixed_precision",
         (
             Replacement("fairseq.trainer:Trainer.__init__",
-                        f"{_PRECISION}:trainer_init_mixed_precision"),
+                        precision.trainer_init_mixed_precision),
             Replacement("fairseq.trainer:Trainer._build_optimizer",
-                        f"{_PRECISION}:trainer_build_optimizer_mixed_precision"),
+                        precision.trainer_build_optimizer_mixed_precision),
             Replacement("fairseq.trainer:Trainer._fp_convert_sample",
-                        f"{_PRECISION}:trainer_fp_convert_sample_bf16"),
+                        precision.trainer_fp_convert_sample_bf16),
             Replacement("fairseq.trainer:Trainer.state_dict",
-                        f"{_PRECISION}:trainer_state_dict_float32_masters"),
+                        precision.trainer_state_dict_float32_masters),
             Replacement("fairseq.trainer:Trainer.train_step",
-                        f"{_PRECISION}:trainer_train_step_mixed_precision"),
+                        precision.trainer_train_step_mixed_precision),
         ),
         "runs of the plugin's model or task only (scope.is_our_run): --fp16 / --bf16 keep "
         "float32 masters in one flat tensor moved by multi-tensor copies (fairseq's "
@@ -183,7 +200,7 @@ PATCHES: Tuple[Patch, ...] = (
     Patch(
         "optimizer_state_layouts",
         _one("fairseq.trainer:Trainer.load_checkpoint",
-             "user_plugin.optimizers.state_layouts:trainer_load_checkpoint_converting_layouts"),
+             optimizer_state.trainer_load_checkpoint_converting_layouts),
         "runs of the plugin's model or task only (scope.is_our_run): a checkpoint whose "
         "optimizer state another precision mode wrote (per tensor: the plain optimizer, "
         "--bf16 --amp, --memory-efficient-fp16; flat: FP16Optimizer, Float32MasterOptimizer) "
@@ -193,60 +210,31 @@ PATCHES: Tuple[Patch, ...] = (
     ),
     Patch(
         "fp16_overflow_on_cpu",
-        _one("fairseq.trainer:Trainer.train_step", f"{_PRECISION}:trainer_train_step_fp16_on_cpu"),
+        _one("fairseq.trainer:Trainer.train_step", precision.trainer_train_step_fp16_on_cpu),
         "--fp16 / --memory-efficient-fp16 --cpu survive a loss-scale overflow (fairseq's trainer "
         "calls torch.tensor(0.0).cuda(), which fails without CUDA); torch.Tensor.cuda is "
         "replaced only inside that CPU float16 step's with-block, which restores it",
     ),
     Patch(
         "progress_report",
-        _one("fairseq.logging.progress_bar:progress_bar",
-             "user_plugin.progress:reporting_progress_bar"),
+        _one("fairseq.logging.progress_bar:progress_bar", progress.reporting_progress_bar),
         "adds a line with update N/max, elapsed and time left after each train_inner record "
         "(fairseq never says how far a run is)",
     ),
     Patch(
-        "diverse_beam_search",
-        _one("fairseq.search:DiverseBeamSearch", f"{_DECODING}:DiverseBeamSearchByRow",
-             wraps=False),
-        "--diverse-beam-groups crashed: 'IndexError: index 32 is out of bounds for dimension 0 "
-        "with size 16' (batch rows indexed by dataset ids)",
-    ),
-    Patch(
-        "constrained_beam_search",
-        _one("fairseq.search:LexicallyConstrainedBeamSearch",
-             "user_plugin.generation.constrained_search:ConstrainedBeamSearch", wraps=False),
-        "--constraints gave beam slots to -inf hypotheses that can never finish, ahead of live "
-        "ones",
-    ),
-    Patch(
-        "alignment_of_short_beams",
-        _one("fairseq.sequence_generator:SequenceGeneratorWithAlignment.generate",
-             f"{_DECODING}:generate_with_alignments", wraps=False),
-        "--print-alignment with a sentence ending with fewer than --beam hypotheses: "
-        "'IndexError: list index out of range'",
-    ),
-    Patch(
         "replace_unk_flag",
-        _one("fairseq.utils:load_align_dict", f"{_DECODING}:loading_no_align_dict_for_the_flag"),
+        _one("fairseq.utils:load_align_dict", decoding.loading_no_align_dict_for_the_flag),
         "--replace-unk without a file opened the flag's constant: \"FileNotFoundError: '@@ '\"",
     ),
     Patch(
         "replace_unk_alignments",
-        _one("fairseq.utils:replace_unk", f"{_DECODING}:replace_unk", wraps=False),
+        _one("fairseq.utils:replace_unk", decoding.replace_unk, wraps=False),
         "--replace-unk read --print-alignment's (source, target) pairs as positions: 'TypeError: "
         "list indices must be integers or slices, not tuple'",
     ),
     Patch(
-        "no_repeat_ngram_on_cpu",
-        _one("fairseq.ngram_repeat_block:NGramRepeatBlock._no_repeat_ngram",
-             f"{_DECODING}:blocking_repeated_ngrams_so_far"),
-        "--no-repeat-ngram-size blocked nothing on a CPU (it compared n-grams with the padding "
-        "at the end of the token buffer)",
-    ),
-    Patch(
         "interactive_empty_source",
-        _one("fairseq_cli.interactive:buffered_read", f"{_DECODING}:buffered_read_keeping_fields",
+        _one("fairseq_cli.interactive:buffered_read", decoding.buffered_read_keeping_fields,
              wraps=False, where_loaded=True),
         "fairseq-interactive --constraints stripped the tab of a line '<TAB>Hund' (an empty "
         "source), so the constraint became the source and no constraint applied; the leading "
@@ -310,11 +298,6 @@ def _owner_and_attribute(target: str, where_loaded: bool = False) -> Tuple[Any, 
     return owner, attribute
 
 
-def _resolve(reference: str) -> Any:
-    module_name, _, name = reference.partition(":")
-    return getattr(importlib.import_module(module_name), name)
-
-
 def target_exists(replacement: Replacement) -> bool:
     """Whether fairseq (this version) has the attribute ``replacement`` replaces."""
     if replacement.where_loaded:
@@ -347,7 +330,7 @@ def _install_patch(patch: Patch) -> None:
         own = not isinstance(owner, type) or attribute in vars(owner)
         original = vars(owner)[attribute] if isinstance(owner, type) and own \
             else getattr(owner, attribute)
-        new = _resolve(replacement.new)
+        new = replacement.new
         setattr(owner, attribute, new(original) if replacement.wraps else new)
         done.append((owner, attribute, original, own))
     _INSTALLED[patch.name] = done
@@ -417,6 +400,7 @@ def describe() -> List[Dict[str, Any]]:
         {
             "name": patch.name,
             "targets": [r.dotted for r in patch.replaces],
+            "replacements": [r.replacement for r in patch.replaces],
             "fixes": patch.fixes,
             "checked": list(patch.checked),
             "on": patch.name not in off,

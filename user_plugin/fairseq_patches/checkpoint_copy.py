@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from .files.atomic import atomic_copy
+from ..files.atomic import atomic_copy
 
 
 def atomic_copy_path_manager(path_manager: type) -> type:

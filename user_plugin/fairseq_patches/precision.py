@@ -55,10 +55,11 @@ import functools
 import importlib.util
 import logging
 from argparse import Namespace
-from typing import Any, Dict, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # torch is imported where it is used: loading the table stays cheap
+    import torch
+    from torch import nn
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ def precision_mode(cfg: Any) -> str:
     """How the run of configuration ``cfg`` trains: :data:`FP16_MASTERS` (``--fp16``),
     :data:`BF16_MASTERS` (``--bf16``), :data:`BF16_AUTOCAST` (``--bf16 --amp``) for the plugin's
     runs; :data:`FAIRSEQ` (fairseq's own paths) for every other run and option."""
-    from .fairseq_patches.scope import is_our_run
+    from .scope import is_our_run
 
     common = cfg.common
     if common.tpu or not is_our_run(cfg):
@@ -109,6 +110,8 @@ def precision_mode(cfg: Any) -> str:
 def bf16_autocast(device_type: str) -> torch.autocast:
     """A context in which ``device_type``'s ("cuda" or "cpu") autocast runs the operations that
     benefit (matrix products, attention) in bfloat16 and keeps the others in float32."""
+    import torch
+
     return torch.autocast(device_type=device_type, dtype=torch.bfloat16)
 
 
@@ -179,6 +182,8 @@ def _fp16_optimizer_is(builder: Any) -> Iterator[None]:
 def _tensor_cuda_stays_on_cpu() -> Iterator[None]:
     """Within the block, ``Tensor.cuda()`` returns the tensor itself (for a CPU trainer, where
     fairseq's float16 overflow handling calls it)."""
+    import torch
+
     cuda = torch.Tensor.cuda
 
     def stay(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -197,6 +202,8 @@ class _MasterWeights:
     checkpoint's), by ``id(parameter)``."""
 
     def __init__(self, model: nn.Module) -> None:
+        import torch
+
         self.model = model
         self.pending: Optional[Dict[int, torch.Tensor]] = {
             id(p): p.data for p in model.parameters() if p.dtype == torch.float32}
@@ -204,6 +211,8 @@ class _MasterWeights:
     def on_load(self, module: nn.Module, state_dict: Dict[str, Any], prefix: str, *args: Any
                 ) -> None:
         """``load_state_dict`` pre-hook of the model: remember the float32 weights loaded."""
+        import torch
+
         by_name = {name: p for name, p in self.model.named_parameters(remove_duplicate=False)}
         found = {}
         for name, tensor in state_dict.items():
@@ -278,7 +287,7 @@ def trainer_init_mixed_precision(init: Any) -> Any:
 def _masters_follow_loaded_weights(trainer: Any) -> None:
     """After the model loaded a state dict: an optimizer already built takes the loaded float32
     weights as its masters (otherwise its next update would bring back the old weights)."""
-    from .optimizers.float32_masters import Float32MasterOptimizer
+    from ..optimizers.float32_masters import Float32MasterOptimizer
 
     optimizer = trainer._optimizer
     masters = trainer._vaswani_master_weights
@@ -303,7 +312,7 @@ def trainer_build_optimizer_mixed_precision(build_optimizer: Any) -> Any:
         if mode not in MASTER_MODES:
             build_optimizer(self)
             return
-        from .optimizers.float32_masters import Float32MasterOptimizer
+        from ..optimizers.float32_masters import Float32MasterOptimizer
 
         masters = getattr(self, "_vaswani_master_weights", None)
 
@@ -326,7 +335,7 @@ def trainer_state_dict_float32_masters(state_dict: Any) -> Any:
 
     @functools.wraps(state_dict)
     def trainer_state_dict(self: Any) -> Dict[str, Any]:
-        from .optimizers.float32_masters import Float32MasterOptimizer
+        from ..optimizers.float32_masters import Float32MasterOptimizer
 
         state = state_dict(self)
         optimizer = self._optimizer
@@ -388,7 +397,9 @@ def refuse_fp16_without_cuda(cfg: Any) -> None:
     """One line (:class:`~user_plugin.files.errors.UserError`) for ``--fp16`` on fairseq's own
     path without CUDA: fairseq's ``FP16Optimizer`` keeps its float32 master weights on the
     current CUDA device, so the run would fail at its first update."""
-    from .files.errors import UserError
+    import torch
+
+    from ..files.errors import UserError
 
     common = cfg.common
     if not common.fp16 or common.memory_efficient_fp16 or common.bf16 or common.amp:

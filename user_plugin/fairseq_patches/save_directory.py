@@ -62,7 +62,7 @@ import os
 import re
 from pathlib import Path
 
-from .files.checkpoints import (
+from ..files.checkpoints import (
     LOAD_ERRORS,
     CheckpointError,
     checkpoint_file_problem,
@@ -70,8 +70,8 @@ from .files.checkpoints import (
     save_checkpoint,
     state_dict_mismatch,
 )
-from .files.errors import UserError, file_error, on_interrupt
-from .files.fingerprint import (
+from ..files.errors import UserError, file_error, on_interrupt
+from ..files.fingerprint import (
     ARCHITECTURE,
     architecture_mismatch,
     dictionary_mismatch,
@@ -86,9 +86,9 @@ from .files.fingerprint import (
     unchecked_note,
     with_architecture,
 )
-from .files.fingerprint import KEY as FINGERPRINT_KEY
-from .files.lock import DirectoryLock
-from .files.training_state import TRAINING_LOCK
+from ..files.fingerprint import KEY as FINGERPRINT_KEY
+from ..files.lock import DirectoryLock
+from ..files.training_state import TRAINING_LOCK
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ def remove_orphans(directory: Path) -> list[tuple[Path, int]]:
     """Remove the temporary files that killed saves left in ``directory`` (ours, and fairseq's
     ``checkpoint*.pt.tmp``, which nothing else writes while the lock is held); return them
     with their sizes."""
-    from .files.atomic import remove_stale_temporaries
+    from ..files.atomic import remove_stale_temporaries
 
     removed = remove_stale_temporaries(directory)
     for entry in os.scandir(directory):
@@ -339,7 +339,7 @@ def _is_global_master(trainer) -> bool:
     return distributed_utils.is_master(trainer.cfg.distributed_training)
 
 
-def _guarded_load_checkpoint(load_checkpoint):
+def guarded_load_checkpoint(load_checkpoint):
     @functools.wraps(load_checkpoint)
     def load(cfg, trainer, **passthrough_args):
         from fairseq.distributed import utils as distributed_utils
@@ -369,7 +369,7 @@ def _guarded_load_checkpoint(load_checkpoint):
     return load
 
 
-def _locking_verify_checkpoint_directory(verify_checkpoint_directory):
+def locking_verify_checkpoint_directory(verify_checkpoint_directory):
     @functools.wraps(verify_checkpoint_directory)
     def verify(save_dir: str) -> None:
         claim_save_dir(save_dir)
@@ -378,7 +378,7 @@ def _locking_verify_checkpoint_directory(verify_checkpoint_directory):
     return verify
 
 
-def _one_line_torch_persistent_save(torch_persistent_save):
+def one_line_torch_persistent_save(torch_persistent_save):
     @functools.wraps(torch_persistent_save)
     def persistent_save(obj, filename, async_write: bool = False):
         from fairseq.file_io import PathManager
@@ -398,7 +398,7 @@ def _one_line_torch_persistent_save(torch_persistent_save):
     return persistent_save
 
 
-def _verifying_load_checkpoint_to_cpu(load_checkpoint_to_cpu):
+def verifying_load_checkpoint_to_cpu(load_checkpoint_to_cpu):
     @functools.wraps(load_checkpoint_to_cpu)
     def load_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
         local = Path(path)
@@ -470,7 +470,7 @@ def vocabulary_sizes_fit(state: dict, task) -> bool:
     return True
 
 
-def _checking_load_model_ensemble_and_task(load_model_ensemble_and_task):
+def checking_load_model_ensemble_and_task(load_model_ensemble_and_task):
     @functools.wraps(load_model_ensemble_and_task)
     def load(filenames, arg_overrides=None, task=None, *args, **kwargs):
         filenames = check_ensemble(filenames, task, kwargs.get("state"))

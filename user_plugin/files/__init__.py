@@ -7,7 +7,6 @@
   :func:`console_script` (an installed command's entry point through it),
   :func:`file_error` (an ``OSError``/``UnicodeDecodeError`` about a path as one line: a full
   disk is ``PATH: cannot write (no space left on device)``) and
-  :func:`install_one_line_errors` (the same for commands the project does not own),
   :func:`int_at_least` (an argparse type for bounded integers);
 * :mod:`.atomic`: :func:`atomic_write`, :func:`atomic_write_text`, :func:`atomic_copy` (a
   locked temporary file beside the destination, then ``os.replace``), the temporary files'
@@ -28,7 +27,6 @@
   it;
 * :mod:`.fingerprint`: the training fingerprint (dictionaries, direction, and the architecture
   options read from ``cfg.model``) and the identity of a model's parameters by content;
-* :mod:`.known_errors`: fairseq's errors on bad input as one line, and the exception hook.
 
 Importing this package needs neither torch nor fairseq (reading a checkpoint imports them).
 fairseq sets up logging at INFO and logs a line when it is first imported, unless logging is
@@ -67,7 +65,6 @@ from .errors import (
     int_at_least,
     run_main,
 )
-from .known_errors import install_one_line_errors
 from .lock import DirectoryInUse, DirectoryLock
 from .text import decode_lines, iter_lines, read_lines, single_line, split_lines
 
@@ -88,7 +85,6 @@ __all__ = [
     "decode_lines",
     "file_error",
     "first_line",
-    "install_one_line_errors",
     "iter_lines",
     "console_script",
     "make_temp_dir",

@@ -14,7 +14,7 @@ The **training fingerprint** of a checkpoint (:func:`stored_fingerprint`) has tw
 
 * the **data** part, a small dict of plain strings stored in every checkpoint under the
   top-level key :data:`KEY` (fairseq-train writes it: the plugin's save hook,
-  :mod:`user_plugin.training_run`; copies, the averager and the export carry it):
+  :mod:`user_plugin.fairseq_patches.save_directory`; copies, the averager and the export carry it):
   ``source_lang``, ``target_lang`` (the direction) and ``source_dictionary``,
   ``target_dictionary``, the sha256 of each dictionary's token order
   (:func:`dictionary_sha256`: the symbols joined by LF, UTF-8; counts do not matter to a model);
