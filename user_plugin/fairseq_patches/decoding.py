@@ -13,7 +13,9 @@
   ``<unk>`` without any alignment is an error that says what to add (:func:`replace_unk`).
 * **An empty source under ``fairseq-interactive --constraints``**: a line ``<TAB>Hund`` lost its
   tab to ``str.strip``, so the constraint became the source and no constraint applied
-  (:func:`buffered_read_keeping_fields`); the paper's task then refuses the empty source.
+  (:func:`buffered_read_keeping_fields`, read during ``fairseq_cli.interactive.main`` of our
+  runs: :func:`interactive_keeping_empty_sources`); the paper's task then refuses the empty
+  source.
 
 Both ``--replace-unk`` fixes only turn fairseq's crash into a result, so they apply to every run
 (``fairseq.utils`` is where ``fairseq-generate``, ``fairseq-interactive`` and
@@ -26,8 +28,11 @@ generator (:mod:`user_plugin.generation`), not here.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import Optional
+
+from .temporary import replaced
 
 #: The value fairseq's ``--replace-unk`` takes when given without a file name.
 REPLACE_UNK_FLAG_CONSTANT = "@@ "
@@ -115,3 +120,16 @@ def buffered_read_keeping_fields(input, buffer_size):
                 buffer = []
     if buffer:
         yield buffer
+
+
+def interactive_keeping_empty_sources(main):
+    """``fairseq_cli.interactive.main``, during which the module reads its input with
+    :func:`buffered_read_keeping_fields` instead of its ``buffered_read``."""
+    module = inspect.unwrap(main).__globals__  # the command's module (``__main__`` under -m)
+
+    @functools.wraps(main)
+    def interactive_main(*args, **kwargs):
+        with replaced(module, "buffered_read", buffered_read_keeping_fields):
+            return main(*args, **kwargs)
+
+    return interactive_main

@@ -119,15 +119,13 @@ def _reset_optimizer(args: Sequence[Any], kwargs: Dict[str, Any]) -> bool:
 
 
 def trainer_load_checkpoint_converting_layouts(load_checkpoint: Any) -> Any:
-    """``Trainer.load_checkpoint`` that, for the plugin's runs, converts an optimizer state of
-    another layout to the optimizer the run builds (module description); fairseq's own for
-    every other run and under ``--reset-optimizer``."""
+    """``Trainer.load_checkpoint`` that converts an optimizer state of another layout to the
+    optimizer the run builds (module description); fairseq's own under ``--reset-optimizer``
+    (the row applies to our runs only)."""
 
     @functools.wraps(load_checkpoint)
     def trainer_load_checkpoint(self: Any, filename: str, *args: Any, **kwargs: Any) -> Any:
-        from .scope import is_our_run
-
-        if _reset_optimizer(args, kwargs) or not is_our_run(self.cfg):
+        if _reset_optimizer(args, kwargs):
             return load_checkpoint(self, filename, *args, **kwargs)
         conversion = _Conversion(self, filename)
         self._build_optimizer = conversion.build_optimizer  # this trainer, this call only

@@ -369,13 +369,24 @@ def guarded_load_checkpoint(load_checkpoint):
     return load
 
 
-def locking_verify_checkpoint_directory(verify_checkpoint_directory):
-    @functools.wraps(verify_checkpoint_directory)
-    def verify(save_dir: str) -> None:
-        claim_save_dir(save_dir)
-        verify_checkpoint_directory(save_dir)
+def locking_train_main(main):
+    """``fairseq_cli.train.main`` that first takes the save directory's lock (process of global
+    rank 0), before anything is built or written."""
+    from argparse import Namespace
 
-    return verify
+    @functools.wraps(main)
+    def train_main(cfg, *args, **kwargs):
+        from fairseq.distributed import utils as distributed_utils
+
+        if isinstance(cfg, Namespace):
+            from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+            cfg = convert_namespace_to_omegaconf(cfg)
+        if distributed_utils.is_master(cfg.distributed_training):
+            claim_save_dir(cfg.checkpoint.save_dir)
+        return main(cfg, *args, **kwargs)
+
+    return train_main
 
 
 def one_line_torch_persistent_save(torch_persistent_save):
@@ -399,13 +410,37 @@ def one_line_torch_persistent_save(torch_persistent_save):
 
 
 def verifying_load_checkpoint_to_cpu(load_checkpoint_to_cpu):
+    """``checkpoint_utils.load_checkpoint_to_cpu`` that first checks every record of a local
+    file against its CRC-32 (:func:`verified_problem`): a damaged file is one line naming it."""
+
+    @functools.wraps(load_checkpoint_to_cpu)
+    def load_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
+        local = Path(path)
+        if local.is_file():
+            problem = verified_problem(local)
+            if problem is not None:
+                raise CheckpointError(local, problem, unreadable=True)
+        return load_checkpoint_to_cpu(path, arg_overrides=arg_overrides,
+                                      load_on_all_ranks=load_on_all_ranks)
+
+    return load_to_cpu
+
+
+def one_line_load_checkpoint_to_cpu(load_checkpoint_to_cpu):
+    """``checkpoint_utils.load_checkpoint_to_cpu`` whose failures on a local file fairseq cannot
+    load (empty, truncated, foreign, of an old or unknown layout) are one line naming the file
+    and the cause, instead of a traceback."""
+
     @functools.wraps(load_checkpoint_to_cpu)
     def load_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
         local = Path(path)
         if not local.is_file():  # a remote path, or fairseq's own error for a missing file
             return load_checkpoint_to_cpu(path, arg_overrides=arg_overrides,
                                           load_on_all_ranks=load_on_all_ranks)
-        problem = verified_problem(local)
+        try:
+            problem = checkpoint_file_problem(local, verify=False)
+        except OSError as error:
+            raise file_error(local, error, expected="a checkpoint file") from None
         if problem is not None:
             raise CheckpointError(local, problem, unreadable=True)
         try:
