@@ -214,6 +214,6 @@ def test_ensembles_refuse_checkpoints_of_other_architecture_options(trained_mult
     line = error_line(proc.stderr)
     assert proc.returncode != 0 and "these checkpoints cannot be used together" in line
     assert f"{other} was trained with --encoder-attention-heads 8" in line
-    with pytest.raises(hub.HubError, match="--encoder-attention-heads 8"):
+    with pytest.raises(hub.ArtifactError, match="--encoder-attention-heads 8"):
         hub.load_translator(trained_multi30k.data_bin, checkpoints=[last, other],
                             source_lang="en", target_lang="de")

@@ -751,7 +751,7 @@ def test_hub_sampling_is_repeatable_with_a_seed(hub_translator):
 def test_hub_command_line_constraints_and_sampling(trained_multi30k, capsys, monkeypatch):
     import io
 
-    from user_plugin.hub import main
+    from user_plugin.commands.translate import main
 
     model = trained_multi30k.checkpoint_dir
     base = [str(model), "--data-dir", str(trained_multi30k.data_bin),

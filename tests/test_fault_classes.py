@@ -606,7 +606,7 @@ def test_hub_and_export_refuse_checkpoints_of_other_training_data(trained_multi3
     swapped = tmp_path / "swapped.pt"
     torch.save({**state, KEY: {**state[KEY], "source_lang": "de", "target_lang": "en"}},
                swapped)
-    with pytest.raises(hub.HubError) as info:
+    with pytest.raises(hub.ArtifactError) as info:
         hub.load_translator(trained_multi30k.data_bin, checkpoints=[last, swapped],
                             source_lang="en", target_lang="de")
     assert "cannot be used together" in str(info.value)

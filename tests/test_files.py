@@ -15,6 +15,7 @@ from fractions import Fraction
 import pytest
 import torch
 
+from user_plugin.artifacts.errors import ArtifactError
 from user_plugin.files import (
     LOAD_ERRORS,
     TEMP_SUFFIX,
@@ -37,7 +38,6 @@ from user_plugin.files import (
     state_dict_mismatch,
     temp_destination,
 )
-from user_plugin.hub import HubError
 
 
 def usual_mode() -> int:
@@ -200,8 +200,8 @@ def test_read_checkpoint_refuses_unsafe_pickles(tmp_path):
     assert "refused by safe loading" in str(info.value) and info.value.unreadable
 
 
-def test_hub_errors_are_user_errors_and_runtime_errors():
-    assert issubclass(HubError, UserError) and issubclass(HubError, RuntimeError)
+def test_artifact_errors_are_user_errors_and_runtime_errors():
+    assert issubclass(ArtifactError, UserError) and issubclass(ArtifactError, RuntimeError)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,7 +9,9 @@ import torch
 from cli import USER_DIR, run_fairseq
 from conftest import MULTI30K, require_data
 
-from user_plugin.hub import HubError, TextCodec, load_translator, main
+from user_plugin.commands.translate import PROG, main
+from user_plugin.files.errors import run_main
+from user_plugin.hub import ArtifactError, TextCodec, load_translator
 
 SOURCES = 12  # test sentences compared with fairseq-generate
 
@@ -118,24 +120,24 @@ def test_languages_are_inferred_from_a_data_dir(trained_multi30k):
 
 def test_bad_paths_and_truncated_checkpoints_name_the_file(model_dir, tmp_path):
     missing = tmp_path / "nowhere"
-    with pytest.raises(HubError, match="nowhere"):
+    with pytest.raises(ArtifactError, match="nowhere"):
         load_translator(missing)
-    with pytest.raises(HubError, match="absent.pt"):
+    with pytest.raises(ArtifactError, match="absent.pt"):
         load_translator(model_dir, checkpoints=["absent.pt"], source_lang="en", target_lang="de")
     truncated = tmp_path / "truncated.pt"
     truncated.write_bytes((model_dir / "model.pt").read_bytes()[:5000])
-    with pytest.raises(HubError) as info:
+    with pytest.raises(ArtifactError) as info:
         load_translator(model_dir, checkpoints=[truncated], source_lang="en", target_lang="de")
     assert str(truncated) in str(info.value) and "\n" not in str(info.value)
-    with pytest.raises(HubError, match=r"dict\.fr\.txt"):
+    with pytest.raises(ArtifactError, match=r"dict\.fr\.txt"):
         load_translator(model_dir, source_lang="en", target_lang="fr")
 
 
 def test_command_line_error_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.StringIO(""))
-    assert main([str(tmp_path / "nowhere")]) == 2
+    assert run_main(main, [str(tmp_path / "nowhere")], PROG) == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error:") and "nowhere" in err and "\n" not in err
+    assert err.startswith("vaswani-translate: error:") and "nowhere" in err and "\n" not in err
 
 
 def test_subword_nmt_codec_round_trip(tmp_path):

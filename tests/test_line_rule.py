@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from user_plugin.commands import prepare_text, score_translation
+from user_plugin.commands.translate import read_input_lines
 from user_plugin.files import UserError, decode_lines, iter_lines, run_main, split_lines
-from user_plugin.hub.cli import read_input_lines
 from user_plugin.hub.text_codec import TextCodec
 
 #: Characters that some reader or other takes for a line end, and tabs and byte-order marks.

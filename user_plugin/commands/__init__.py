@@ -22,8 +22,8 @@ command                    module
 ``vaswani-prepare-trees``  :mod:`.prepare_trees`: Penn Treebank preparation (§6.3)
 ``vaswani-parse-eval``     :mod:`.parse_eval`: EVALB-compatible bracket scoring (§6.3)
 ``vaswani-step``           :mod:`.recipe_step`: the recipes' step engine (records, restarts)
-``vaswani-export``         :mod:`user_plugin.export.cli`: fairseq / CTranslate2 exports
-``vaswani-translate``      :mod:`user_plugin.hub.cli`: translate stdin with a model dir
+``vaswani-export``         :mod:`.export`: fairseq / CTranslate2 / transformers exports
+``vaswani-translate``      :mod:`.translate`: translate stdin with a model dir
 ``vaswani-serve``          :mod:`.serve`: an HTTP translation service (dynamic batching)
 =========================  ================================================================
 

@@ -103,11 +103,6 @@ STOCK_CRITERIA = {"vaswani_label_smoothed_cross_entropy": "label_smoothed_cross_
 VERIFY_TOLERANCE = 1e-4
 
 
-#: A checkpoint that cannot be exported, or an export that could not be verified: the one
-#: error type of trained-model files.
-ExportError = ArtifactError
-
-
 # -- reading our model ---------------------------------------------------------------------
 
 
@@ -126,21 +121,21 @@ def load_our_model(checkpoint: str | os.PathLike, data_dir: str | os.PathLike,
                    source_lang: str | None = None, target_lang: str | None = None,
                    ) -> tuple[nn.Module, Any, Any]:
     """Our model of ``checkpoint`` (eval mode, CPU), its task on ``data_dir`` and the
-    checkpoint's state; an :class:`ExportError` for a model that is not ours."""
+    checkpoint's state; an :class:`ArtifactError` for a model that is not ours."""
     from .. import registration  # noqa: F401  (our model, task and safe loading)
     from ..artifacts.checkpoints import build_models, read_model_checkpoint, setup_task
     from ..artifacts.model_files import language_pair
 
     checkpoint, data_dir = Path(checkpoint), Path(data_dir)
     if not data_dir.is_dir():
-        raise ExportError(f"{data_dir}: no such directory (the data directory of the "
+        raise ArtifactError(f"{data_dir}: no such directory (the data directory of the "
                           "dictionaries, as given to fairseq-generate)")
     state = read_model_checkpoint(checkpoint)
     model_cfg = state["cfg"].model
     name = our_model_name(model_cfg)
     if name != OUR_MODEL:
         arch = model_cfg.get("_name") or model_cfg.get("arch")
-        raise ExportError(
+        raise ArtifactError(
             f"{checkpoint}: model {name or arch!r} is not {OUR_MODEL}: fairseq's built-in "
             "transformer cannot express an extension's blocks"
         )
@@ -227,21 +222,21 @@ def check_parameters_covered(ours: nn.Module, theirs: nn.Module) -> None:
             not name.endswith("embed_positions.weight")
             and their_state[target].shape != tensor.shape
         ):
-            raise ExportError(f"parameter {name} {tuple(tensor.shape)} has no counterpart in "
+            raise ArtifactError(f"parameter {name} {tuple(tensor.shape)} has no counterpart in "
                               "fairseq's built-in transformer")
         mapped.add(target)
     for name, _ in theirs.named_parameters(remove_duplicate=False):
         if name not in mapped and not name.endswith("embed_positions.weight"):
-            raise ExportError(f"fairseq's built-in transformer has parameter {name}, which "
+            raise ArtifactError(f"fairseq's built-in transformer has parameter {name}, which "
                               "the model does not: it is not the paper's architecture")
 
 
 def to_builtin_transformer(ours: nn.Module, task: Any) -> nn.Module:
     """fairseq's ``transformer`` computing the same function as ``ours`` (eval mode); an
-    :class:`ExportError` when it cannot (:func:`refusal`)."""
+    :class:`ArtifactError` when it cannot (:func:`refusal`)."""
     reason = refusal(ours)
     if reason is not None:
-        raise ExportError(reason)
+        raise ArtifactError(reason)
     theirs = build_fairseq_transformer(ours, task, builtin_options(ours.cfg))
     check_parameters_covered(ours, theirs)
     copy_our_weights_into_fairseq(ours, theirs)
@@ -386,14 +381,14 @@ def verify_export(path: Path, ours: nn.Module, task: Any) -> None:
     state = torch.load(path, map_location="cpu", weights_only=True)
     found = non_plain_entry(state)
     if found:
-        raise ExportError(f"{path}: export holds a non-plain entry ({found})")
+        raise ArtifactError(f"{path}: export holds a non-plain entry ({found})")
     models, _, _ = checkpoint_utils.load_model_ensemble_and_task([str(path)])
     theirs = models[0].eval()
     if type(theirs) is not TransformerModel:
-        raise ExportError(f"{path}: fairseq built {type(theirs).__name__}, not its transformer")
+        raise ArtifactError(f"{path}: fairseq built {type(theirs).__name__}, not its transformer")
     difference = max_difference(ours, theirs, task)
     if not difference <= VERIFY_TOLERANCE:
-        raise ExportError(f"{path}: the exported model's log-probabilities differ from ours by "
+        raise ArtifactError(f"{path}: the exported model's log-probabilities differ from ours by "
                           f"{difference:.2e} (more than {VERIFY_TOLERANCE})")
 
 
@@ -402,14 +397,14 @@ def export_fairseq_checkpoint(checkpoint: str | os.PathLike, data_dir: str | os.
                               target_lang: str | None = None) -> Path:
     """Write ``output``: the checkpoint of fairseq's built-in ``transformer`` equivalent to
     our ``checkpoint`` (the dictionaries in ``data_dir``). Atomic and verified; raises
-    :class:`ExportError` (or another one-line error) with nothing written."""
+    :class:`ArtifactError` (or another one-line error) with nothing written."""
     data_dir, output = Path(data_dir), Path(output)
     ours, task, state = load_our_model(checkpoint, data_dir, source_lang, target_lang)
     theirs = to_builtin_transformer(ours, task)
     exported = exported_state(state, ours, theirs, data_dir.resolve())
     found = non_plain_entry(exported)
     if found:
-        raise ExportError(f"{checkpoint}: cannot store {found} in a safely loadable checkpoint")
+        raise ArtifactError(f"{checkpoint}: cannot store {found} in a safely loadable checkpoint")
 
     def write(temp: str) -> None:
         torch_save(exported, temp)  # a full disk: one line, not torch's RuntimeError

@@ -1,7 +1,7 @@
 """The hub's ``ctranslate2`` backend: raw text through a CTranslate2 export, decoded as close to
 the paper (§6.1) as the engine allows.
 
-The export directory (``python -m user_plugin.export ... --to ctranslate2``) carries the model,
+The export directory (``vaswani-export ... --to ctranslate2``) carries the model,
 its vocabularies, the subword model and a manifest with the language pair and text pipeline,
 so the same :class:`~user_plugin.artifacts.text_pipeline.TextPipeline` (its record, or the
 recipes' pipeline assumed for an export without one) runs around it as around the fairseq
@@ -56,6 +56,7 @@ from ..artifacts.ctranslate2_layout import (
     check_export_directory,
     require_ctranslate2,
 )
+from ..artifacts.errors import ArtifactError
 from ..artifacts.model_files import model_text_pipeline
 from ..artifacts.text_pipeline import RECORD_NAME, TextPipeline
 from ..files.errors import first_line
@@ -68,7 +69,6 @@ from ..generation.gnmt_sequence_generator import (
     output_limit,
     penalty_function,
 )
-from .errors import HubError
 from .translator import TextTranslator
 
 logger = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ class CTranslate2Translator(TextTranslator):
         for name in ("shared_vocabulary.json", "source_vocabulary.json"):
             if (directory / name).is_file():
                 return set(json.loads((directory / name).read_text(encoding="utf-8")))
-        raise HubError(f"{directory}: no source vocabulary file")
+        raise ArtifactError(f"{directory}: no source vocabulary file")
 
     def output_limit(self, source_tokens: int) -> int:
         """The most tokens before EOS of the output of a source of ``source_tokens`` tokens (no
@@ -266,7 +266,7 @@ def open_export(
     compute_type: str = "default",
 ) -> tuple[object, TextPipeline, dict]:
     """CTranslate2's translator, the text codec and the manifest of an export directory,
-    checked against its manifest first; a one-line :class:`HubError` for a missing, corrupt
+    checked against its manifest first; a one-line :class:`ArtifactError` for a missing, corrupt
     or mixed directory, or for languages other than the export's. The text pipeline is the
     export's record (:mod:`user_plugin.artifacts.model_files`), else the recipes' on the
     manifest's subword model and Moses setting, with one warning line.
@@ -279,7 +279,7 @@ def open_export(
     manifest = dict(check_export_directory(model_dir), directory=str(model_dir))
     for given, side in ((source_lang, "source_lang"), (target_lang, "target_lang")):
         if given is not None and given != manifest[side]:
-            raise HubError(f"{model_dir}: the export translates {manifest['source_lang']}->"
+            raise ArtifactError(f"{model_dir}: the export translates {manifest['source_lang']}->"
                            f"{manifest['target_lang']}, not {side} {given!r}")
     found = tuple(model_dir / Path(manifest[key]).name if manifest.get(key) else None
                   for key in ("bpe_codes", "sentencepiece_model"))
@@ -297,6 +297,6 @@ def open_export(
                                         compute_type=compute_type, inter_threads=1,
                                         intra_threads=threads)
     except (RuntimeError, ValueError) as error:
-        raise HubError(f"{model_dir}: CTranslate2 cannot load the model "
+        raise ArtifactError(f"{model_dir}: CTranslate2 cannot load the model "
                        f"({first_line(error)})") from None
     return engine, codec, manifest

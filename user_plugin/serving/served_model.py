@@ -68,7 +68,7 @@ class ServedModel:
     @classmethod
     def load(cls, settings: ModelSettings) -> ServedModel:
         """Load ``settings``' model through the hub; a one-line
-        :class:`~user_plugin.hub.HubError` for files that cannot be used."""
+        :class:`~user_plugin.artifacts.errors.ArtifactError` for files that cannot be used."""
         if settings.backend == "ctranslate2":
             return cls._load_ctranslate2(settings)
         return cls._load_fairseq(settings)
