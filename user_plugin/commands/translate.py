@@ -31,6 +31,7 @@ from ..files.errors import UserError, console_script, file_error
 from ..files.text import BYTE_ORDER_MARK, decode_lines, split_lines
 from ..generation.decoding_options import option_type
 from ..hub.loader import load_translator
+from ..paper import BEAM, LENPEN
 
 PROG = "vaswani-translate"
 
@@ -56,8 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--target-lang")
     parser.add_argument("--bpe-codes")
     parser.add_argument("--sentencepiece-model")
-    parser.add_argument("--beam", type=option_type("beam"), default=4)
-    parser.add_argument("--lenpen", type=option_type("lenpen"), default=0.6,
+    parser.add_argument("--beam", type=option_type("beam"), default=BEAM)
+    parser.add_argument("--lenpen", type=option_type("lenpen"), default=LENPEN,
                         help="alpha of the GNMT length penalty, from 0 to 10")
     parser.add_argument("--nbest", type=option_type("nbest"), default=1)
     parser.add_argument("--batch-size", type=option_type("batch_size"), default=64)

@@ -49,6 +49,7 @@ from fairseq.search import DiverseBeamSearch, LexicallyConstrainedBeamSearch
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 from torch import Tensor
 
+from ..paper import MAX_LEN_OVER_SOURCE
 from .constrained_search import (
     ConstrainedBeamSearch,
     advancing_tokens,
@@ -235,7 +236,7 @@ class GNMTSequenceGenerator(SequenceGenerator):
         models,
         tgt_dict,
         length_penalty_form: str = "gnmt",
-        max_len_over_source: int = 50,
+        max_len_over_source: int = MAX_LEN_OVER_SOURCE,
         stop_rule: str = "beam-full",
         **kwargs,
     ) -> None:

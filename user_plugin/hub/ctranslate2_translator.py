@@ -69,6 +69,7 @@ from ..generation.gnmt_sequence_generator import (
     output_limit,
     penalty_function,
 )
+from ..paper import BEAM, LENPEN, MAX_LEN_OVER_SOURCE
 from .translator import TextTranslator
 
 logger = logging.getLogger(__name__)
@@ -121,9 +122,9 @@ class CTranslate2Translator(TextTranslator):
     """A CTranslate2 export with its text pipeline; decoding defaults are the paper's (beam 4,
     GNMT alpha 0.6, each output at most its source length + 50 tokens)."""
 
-    def __init__(self, translator, codec: TextPipeline, manifest: dict, beam: int = 4,
-                 lenpen: float = 0.6, length_penalty_form: str = "gnmt",
-                 max_len_over_source: int = 50, batch_size: int = 64) -> None:
+    def __init__(self, translator, codec: TextPipeline, manifest: dict, beam: int = BEAM,
+                 lenpen: float = LENPEN, length_penalty_form: str = "gnmt",
+                 max_len_over_source: int = MAX_LEN_OVER_SOURCE, batch_size: int = 64) -> None:
         penalty_function(length_penalty_form)
         check_values(beam=beam, lenpen=lenpen, batch_size=batch_size,
                      max_len_over_source=max_len_over_source)

@@ -19,6 +19,7 @@ from ..artifacts.model_files import find_model_files, language_pair, model_text_
 from ..files.fingerprint import ensemble_mismatch, stored_fingerprint
 from ..generation.decoding_options import check_values
 from ..generation.gnmt_sequence_generator import penalty_function
+from ..paper import BEAM, LENPEN, MAX_LEN_OVER_SOURCE
 from .translator import TextTranslator, Translator
 
 logger = logging.getLogger(__name__)
@@ -33,10 +34,10 @@ def load_translator(
     bpe_codes: str | os.PathLike | None = None,
     sentencepiece_model: str | os.PathLike | None = None,
     moses: bool | None = None,
-    beam: int = 4,
-    lenpen: float = 0.6,
+    beam: int = BEAM,
+    lenpen: float = LENPEN,
     length_penalty_form: str = "gnmt",
-    max_len_over_source: int = 50,
+    max_len_over_source: int = MAX_LEN_OVER_SOURCE,
     batch_size: int = 64,
     max_tokens: int | None = None,
     device: str = "cpu",
