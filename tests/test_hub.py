@@ -11,7 +11,7 @@ from conftest import MULTI30K, require_data
 
 from user_plugin.commands.translate import PROG, main
 from user_plugin.files.errors import run_main
-from user_plugin.hub import ArtifactError, TextCodec, load_translator
+from user_plugin.hub import ArtifactError, TextPipeline, load_translator
 
 SOURCES = 12  # test sentences compared with fairseq-generate
 
@@ -149,11 +149,30 @@ def test_subword_nmt_codec_round_trip(tmp_path):
     codes = tmp_path / "bpecodes"
     with open(corpus, encoding="utf-8") as fin, open(codes, "w", encoding="utf-8") as fout:
         learn_bpe(fin, fout, 200)
-    codec = TextCodec("en", "en", moses=True, bpe_codes=codes)
+    codec = TextPipeline.from_files("en", "en", moses=True, bpe_codes=codes)
     sentence = "Several men in hard hats are operating a giant pulley system."
     encoded = codec.encode(sentence)
     assert "@@" in encoded and encoded.endswith(".")
     assert codec.decode(encoded) == sentence
+    shipped = codec.named_model("bpecodes.shipped")
+    assert type(shipped) is TextPipeline and shipped.subword_model == "bpecodes.shipped"
+    assert shipped.model_path == codes and shipped.encode(sentence) == encoded
+
+
+def test_a_pipeline_given_by_files_is_a_text_pipeline(tmp_path):
+    """A pipeline of text prepared by hand is a plain TextPipeline: every method works on it,
+    renaming its model for an export and writing its record included."""
+    moses = TextPipeline.from_files("en", "de", moses=True)
+    renamed = moses.named_model("x")
+    assert type(renamed) is TextPipeline and renamed.subword_model == "x"
+    assert renamed.moses_tokenize and not renamed.normalize_punctuation
+    assert renamed.encode("A dog, running.") == "A dog , running ."
+    record = TextPipeline.load(moses.write(tmp_path))
+    assert record == moses and record.subword == "none"
+    with pytest.raises(ArtifactError, match="not both"):
+        TextPipeline.from_files("en", "de", moses=True, bpe_codes="a", sentencepiece_model="b")
+    with pytest.raises(ArtifactError, match="no such bpe model file"):
+        TextPipeline.from_files("en", "de", moses=True, bpe_codes=tmp_path / "absent")
 
 
 def test_sentencepiece_codec_round_trip(tmp_path):
@@ -165,7 +184,8 @@ def test_sentencepiece_codec_round_trip(tmp_path):
         sentence_iterator=iter(text), model_prefix=str(prefix), vocab_size=300,
         minloglevel=2,
     )
-    codec = TextCodec("de", "de", moses=False, sentencepiece_model=prefix.with_suffix(".model"))
+    codec = TextPipeline.from_files("de", "de", moses=False,
+                                    sentencepiece_model=prefix.with_suffix(".model"))
     sentence = text[7].strip()
     encoded = codec.encode(sentence)
     assert len(encoded.split()) > len(sentence.split())

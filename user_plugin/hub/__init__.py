@@ -49,8 +49,9 @@ Command line: ``vaswani-translate MODEL_DIR [--source-lang en --target-lang de .
 with a CTranslate2 export (``vaswani-export ... --to ctranslate2``) instead: the
 same text pipeline, the paper's decoding as closely as that engine allows.
 
-Modules: :mod:`.text_codec` (:class:`TextCodec`, a pipeline given by files),
-:mod:`.translator` (:class:`Translator`),
+Text prepared by hand, without a record: ``TextPipeline.from_files(...)``.
+
+Modules: :mod:`.translator` (:class:`Translator`),
 :mod:`.loader` (:func:`load_translator`), :mod:`.ctranslate2_translator` (the ``ctranslate2``
 backend). Files that cannot be used raise :class:`~user_plugin.artifacts.errors.ArtifactError`
 (a :class:`~user_plugin.files.errors.UserError`), one line naming the file. A model
@@ -68,7 +69,6 @@ from ..artifacts.model_files import (
 )
 from ..artifacts.text_pipeline import TextPipeline
 from .loader import load_translator
-from .text_codec import TextCodec
 from .translator import Translator, max_source_tokens
 
 #: ``max_source_tokens`` under the name the fault tests read it by.
@@ -80,7 +80,6 @@ __all__ = [
     "SENTENCEPIECE_NAMES",
     "ArtifactError",
     "ModelFiles",
-    "TextCodec",
     "TextPipeline",
     "Translator",
     "find_model_files",
