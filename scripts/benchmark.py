@@ -242,7 +242,7 @@ def model_cfg(args):
 
 def build_models(args, dictionary, work: Path, fresh: bool):
     """Our model and fairseq's with the same hyperparameters; weights copied fairseq -> ours."""
-    from user_plugin.builtin_transformer import (
+    from user_plugin.artifacts.builtin_transformer import (
         build_fairseq_transformer,
         copy_fairseq_weights_into_ours,
     )
@@ -419,7 +419,7 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
 
         model = VaswaniTransformerModel.build_model(cfg, task)
     else:
-        from user_plugin.builtin_transformer import build_fairseq_transformer
+        from user_plugin.artifacts.builtin_transformer import build_fairseq_transformer
 
         model = build_fairseq_transformer(None, task, cfg)
     model.load_state_dict(torch.load(work / f"{'ours' if impl == BOUND else impl}.pt"))
@@ -430,7 +430,7 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
 
         attention_free(model)
     if impl == "builtin":  # our §3.5 encoding, so that both models compute the same function
-        from user_plugin.builtin_transformer import OurPositionsForFairseq
+        from user_plugin.artifacts.builtin_transformer import OurPositionsForFairseq
         from user_plugin.modules.positional_encoding import SinusoidalPositionalEncoding
 
         for side in (model.encoder, model.decoder):

@@ -474,7 +474,7 @@ def test_bare_replace_unk_copies_source_words(setup, baselines):
 
 def paired_decoders(seed: int = 0, **options):
     """Our tiny model and fairseq's transformer with the same weights (learned positions)."""
-    from user_plugin.builtin_transformer import (
+    from user_plugin.artifacts.builtin_transformer import (
         build_fairseq_transformer,
         copy_fairseq_weights_into_ours,
     )

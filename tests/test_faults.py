@@ -871,7 +871,7 @@ def test_plot_attention_reads_a_builtin_transformer_like_ours():
     """fairseq's ``transformer`` with our weights and positions draws the same maps as ours."""
     from conftest import fake_task
 
-    from user_plugin.builtin_transformer import (
+    from user_plugin.artifacts.builtin_transformer import (
         OurPositionsForFairseq,
         build_fairseq_transformer,
         copy_our_weights_into_fairseq,

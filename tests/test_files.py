@@ -15,27 +15,29 @@ from fractions import Fraction
 import pytest
 import torch
 
+from user_plugin.artifacts.checkpoints import (
+    LOAD_ERRORS,
+    CheckpointError,
+    checkpoint_integrity_problem,
+    read_checkpoint,
+    save_checkpoint,
+    state_dict_mismatch,
+)
 from user_plugin.artifacts.errors import ArtifactError
 from user_plugin.files import (
-    LOAD_ERRORS,
     TEMP_SUFFIX,
-    CheckpointError,
     DirectoryInUse,
     DirectoryLock,
     UserError,
     atomic_copy,
     atomic_write,
     atomic_write_text,
-    checkpoint_integrity_problem,
     file_error,
     first_line,
     iter_lines,
-    read_checkpoint,
     read_lines,
     remove_stale_temporaries,
     run_main,
-    save_checkpoint,
-    state_dict_mismatch,
     temp_destination,
 )
 

@@ -161,8 +161,8 @@ def test_an_interrupted_training_says_which_checkpoint_a_rerun_resumes_from(trai
     """Ctrl-C (SIGINT) in a real fairseq-train once a checkpoint is saved (before: a
     KeyboardInterrupt traceback): one line naming the last checkpoint and its update, which is
     intact; the interpreter ends by SIGINT, as the shell expects (status 130)."""
+    from user_plugin.artifacts.checkpoints import checkpoint_file_problem
     from user_plugin.fairseq_patches.save_directory import num_updates, read_metadata
-    from user_plugin.files.checkpoints import checkpoint_file_problem
 
     save_dir = tmp_path / "checkpoints"
     args = train_into(trained_multi30k, save_dir)

@@ -29,7 +29,7 @@ import pytest
 import torch
 from cli import PAPER_OPTIMIZATION_ARGS, USER_DIR, fairseq_env, json_log_records, run_fairseq
 
-from user_plugin.files.checkpoints import save_checkpoint
+from user_plugin.artifacts.checkpoints import save_checkpoint
 from user_plugin.files.errors import UserError
 
 MODEL_ARGS = [

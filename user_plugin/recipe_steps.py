@@ -47,9 +47,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .artifacts.digests import sha256_of
-from .fairseq_patches.save_directory import LOCK_NAME
 from .files.atomic import atomic_write
 from .files.errors import UserError, file_error
+from .files.training_state import TRAINING_LOCK
 
 DONE = ".done"
 STARTED = ".started"
@@ -327,9 +327,9 @@ def continue_problem(directory: Path, config: str, upstreams: Sequence[str]) -> 
 
 def live_holder(directory: Path) -> str | None:
     """The holder's line when a live training run holds ``directory`` (its lock file,
-    :data:`~user_plugin.fairseq_patches.save_directory.LOCK_NAME`, is locked), else None."""
+    :data:`~user_plugin.files.training_state.TRAINING_LOCK`, is locked), else None."""
     try:
-        handle = os.open(directory / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
+        handle = os.open(directory / TRAINING_LOCK, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:

@@ -77,7 +77,7 @@ def export(args: argparse.Namespace) -> str:
             target_lang=args.target_lang, bpe_codes=args.bpe_codes,
             sentencepiece_model=args.sentencepiece_model,
             moses=False if args.no_moses else None)
-        return f"wrote {exported.directory}: {exported.summary()}"
+        return f"wrote {exported.directory}: {exported.summary}"
     from ..export.ctranslate2_model import export_ctranslate2
 
     if args.bpe_codes is not None:
@@ -95,7 +95,7 @@ def export(args: argparse.Namespace) -> str:
         sentencepiece_model=args.sentencepiece_model,
         moses=False if args.no_moses else None,
     )
-    return f"wrote {written.directory}: CTranslate2 model ({written.summary()})"
+    return f"wrote {written.directory}: {written.summary}"
 
 
 def raise_usage(message: str) -> None:

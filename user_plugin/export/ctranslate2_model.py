@@ -5,12 +5,13 @@ own ``ct2-fairseq-converter`` cannot read our checkpoints (it accepts only fairs
 names and reads ``cfg`` as an argparse namespace), nor the safely loadable export of
 :mod:`.fairseq_checkpoint` (its loader expects ``cfg.model`` to be that namespace too). Only that
 loading step is replaced here: the model is the built-in ``transformer`` that the fairseq export
-writes (:func:`~.fairseq_checkpoint.to_builtin_transformer`, same weights, our §3.5 table as
-learned positions), the specification is CTranslate2's ``TransformerSpec.from_config``, and its
-weights are filled by CTranslate2's own fairseq converter functions
-(``set_transformer_encoder``/``set_transformer_decoder``), so the weight layout is the one
-CTranslate2 maintains for fairseq models. Special tokens are set as that converter sets them:
-decoding starts with EOS (fairseq's convention) and the source gets an EOS appended.
+writes (:func:`~user_plugin.artifacts.builtin_transformer.to_builtin_transformer`, same
+weights, our §3.5 table as learned positions), the specification is CTranslate2's
+``TransformerSpec.from_config``, and its weights are filled by CTranslate2's own fairseq
+converter functions (``set_transformer_encoder``/``set_transformer_decoder``), so the weight
+layout is the one CTranslate2 maintains for fairseq models. Special tokens are set as that
+converter sets them: decoding starts with EOS (fairseq's convention) and the source gets an EOS
+appended.
 
 The directory holds CTranslate2's files (``model.bin``, ``config.json``, the vocabularies), the
 text pipeline's subword model (subword-nmt codes as ``bpecodes``, or a SentencePiece model as
@@ -25,13 +26,13 @@ equal our model's), then moved into place.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from ..artifacts.builtin_transformer import to_builtin_transformer
 from ..artifacts.ctranslate2_layout import (
     FORMAT,
     check_export_directory,
@@ -39,11 +40,11 @@ from ..artifacts.ctranslate2_layout import (
     require_ctranslate2,
 )
 from ..artifacts.errors import ArtifactError
+from ..artifacts.our_model import load_our_model, probe_batch
 from ..artifacts.text_pipeline import SHIPPED_MODEL_NAMES
 from ..files.errors import UserError
 from ..paper import BEAM, LENPEN, MAX_LEN_OVER_SOURCE
-from .export_directory import refuse_foreign_output, write_export
-from .fairseq_checkpoint import load_our_model, probe_batch, to_builtin_transformer
+from .export_directory import ExportedDirectory, refuse_foreign_output, write_export
 
 #: Largest difference between our model's and the float32 CTranslate2 model's token
 #: log-probabilities on the verification batch (different GEMM kernels, same float32).
@@ -125,20 +126,6 @@ def max_score_difference(ours: nn.Module, task: Any, directory: Path) -> float:
     return difference
 
 
-@dataclass
-class ExportedDirectory:
-    """What :func:`export_ctranslate2` wrote."""
-
-    directory: Path
-    manifest: dict
-
-    def summary(self) -> str:
-        subword = self.manifest["bpe_codes"] or self.manifest["sentencepiece_model"] or "none"
-        return (f"{self.manifest['quantization']}, {self.manifest['source_lang']}->"
-                f"{self.manifest['target_lang']}, subword model: {subword}; translate with "
-                f"vaswani-translate {self.directory} --backend ctranslate2")
-
-
 def export_ctranslate2(
     checkpoint: str | os.PathLike,
     data_dir: str | os.PathLike,
@@ -200,4 +187,9 @@ def export_ctranslate2(
                               f"{difference:.2e} (more than {VERIFY_TOLERANCE})")
 
     write_export(output, "ctranslate2", manifest, fill, check_export_directory)
-    return ExportedDirectory(output, manifest)
+    subword = manifest["bpe_codes"] or manifest["sentencepiece_model"] or "none"
+    return ExportedDirectory(
+        output, manifest,
+        f"CTranslate2 model ({manifest['quantization']}, {manifest['source_lang']}->"
+        f"{manifest['target_lang']}, subword model: {subword}; translate with "
+        f"vaswani-translate {output} --backend ctranslate2)")

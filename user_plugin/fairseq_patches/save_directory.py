@@ -6,9 +6,10 @@ imported) wraps five of fairseq's ``checkpoint_utils`` functions, which ``fairse
 and the trainer look up there at call time, so that:
 
 * **One writer per save directory.** The process of global rank 0 takes the directory's lock
-  (:class:`~user_plugin.files.lock.DirectoryLock`, :data:`LOCK_NAME`) when fairseq first
-  checks the directory, before anything is built or written; a second training on the same
-  directory stops there with one line naming the holder, and changes nothing. Other ranks never
+  (:class:`~user_plugin.files.lock.DirectoryLock`,
+  :data:`~user_plugin.files.training_state.TRAINING_LOCK`) when fairseq first checks the
+  directory, before anything is built or written; a second training on the same directory stops
+  there with one line naming the holder, and changes nothing. Other ranks never
   touch the lock. A killed run's lock is released by the kernel, and the next run takes it over
   and says so.
 * **No orphans.** Holding the lock, rank 0 removes what killed saves left behind: temporary
@@ -20,18 +21,18 @@ and the trainer look up there at call time, so that:
   again from 0) and ``--reset-dataloader`` (the epochs do) make it a new phase of training,
   which runs.
 * **Intact resumes.** That checkpoint is verified first (zip CRC-32s,
-  :func:`~user_plugin.files.checkpoints.checkpoint_file_problem`). A damaged or missing
+  :func:`~user_plugin.artifacts.checkpoints.checkpoint_file_problem`). A damaged or missing
   ``checkpoint_last.pt`` next to other checkpoints makes the run resume from the newest intact
   one, saying which; with none intact it stops with one line. A checkpoint whose parameters do
   not fit the model being trained (another vocabulary...) is one line naming the parameter and
   both shapes, not a traceback.
 * **Saves fail in one line.** Checkpoints are written by
-  :func:`~user_plugin.files.checkpoints.save_checkpoint` (atomic; a full disk is one line and
+  :func:`~user_plugin.artifacts.checkpoints.save_checkpoint` (atomic; a full disk is one line and
   leaves no partial file; the previous checkpoints stay intact).
 * **What a checkpoint was trained on travels with it.** Every checkpoint saved holds the run's
-  training fingerprint (:mod:`~user_plugin.files.fingerprint`: the sha256 of each dictionary's
+  training fingerprint (:mod:`~user_plugin.artifacts.fingerprint`: the sha256 of each dictionary's
   token order, and the language direction) under the top-level key
-  :data:`~user_plugin.files.fingerprint.KEY`, added to the state fairseq saves. A resume on
+  :data:`~user_plugin.artifacts.fingerprint.KEY`, added to the state fairseq saves. A resume on
   data whose fingerprint differs (same-size dictionaries in another order, swapped languages)
   is one line naming both fingerprints, and so is a resume with other architecture options
   that leave the shapes alone (4 heads resumed with 8...: the fingerprint's architecture
@@ -62,7 +63,7 @@ import os
 import re
 from pathlib import Path
 
-from ..files.checkpoints import (
+from ..artifacts.checkpoints import (
     LOAD_ERRORS,
     CheckpointError,
     checkpoint_file_problem,
@@ -70,8 +71,7 @@ from ..files.checkpoints import (
     save_checkpoint,
     state_dict_mismatch,
 )
-from ..files.errors import UserError, file_error, on_interrupt
-from ..files.fingerprint import (
+from ..artifacts.fingerprint import (
     ARCHITECTURE,
     architecture_mismatch,
     dictionary_mismatch,
@@ -86,14 +86,13 @@ from ..files.fingerprint import (
     unchecked_note,
     with_architecture,
 )
-from ..files.fingerprint import KEY as FINGERPRINT_KEY
+from ..artifacts.fingerprint import KEY as FINGERPRINT_KEY
+from ..files.errors import UserError, file_error, on_interrupt
 from ..files.lock import DirectoryLock
 from ..files.training_state import TRAINING_LOCK
 
 logger = logging.getLogger(__name__)
 
-#: The lock file of a save directory (not a checkpoint name fairseq or the averager matches).
-LOCK_NAME = TRAINING_LOCK
 LAST = "checkpoint_last.pt"
 #: fairseq's own temporary checkpoint files: ``torch_persistent_save`` writes ``NAME.tmp``.
 FAIRSEQ_TEMP = re.compile(r"checkpoint.*\.pt\.tmp")
@@ -118,7 +117,7 @@ def claim_save_dir(save_dir: str | os.PathLike) -> DirectoryLock:
     directory = Path(save_dir).resolve()
     if directory in _locks and _locks[directory].held:
         return _locks[directory]
-    lock = DirectoryLock.acquire(directory, LOCK_NAME, "training run")
+    lock = DirectoryLock.acquire(directory, TRAINING_LOCK, "training run")
     _locks[directory] = lock
     on_interrupt(interrupted_note)
     if lock.previous_holder:
@@ -304,7 +303,7 @@ def plan_resume(cfg, trainer) -> dict:
 
 
 def architecture_change(state: dict, path: Path, model_cfg) -> str | None:
-    """The architecture options (:data:`~user_plugin.files.fingerprint.ARCHITECTURE_OPTIONS`)
+    """The architecture options (:data:`~user_plugin.artifacts.fingerprint.ARCHITECTURE_OPTIONS`)
     whose values in the run's model configuration ``model_cfg`` differ from those ``state``
     (read from ``path``) was trained with, naming each with both values; None when they agree
     or when either configuration is unknown."""

@@ -16,19 +16,14 @@
 * :mod:`.text`: the line rule (only LF ends a line) for every reader of line-aligned text,
   :func:`iter_lines`, :func:`split_lines`, :func:`decode_lines`, :func:`single_line`; and
   :func:`read_lines` (universal newlines) for logs;
-* :mod:`.checkpoints`: :func:`read_checkpoint` of fairseq checkpoints after
-  :func:`checkpoint_file_problem` (format, truncation, every record's CRC-32),
-  :func:`save_checkpoint` (atomic, verified), :func:`torch_save` (a full disk as an
-  ``OSError``), :func:`state_dict_mismatch`, :data:`LOAD_ERRORS`,
-  :class:`CheckpointError`;
 * :mod:`.lock`: :class:`DirectoryLock`, one process at a time in a directory;
 * :mod:`.training_state`: what a training run keeps in its save directory (checkpoints holding
   an optimizer state, fairseq's checkpoint names, the run's lock), so that no output replaces
   it;
-* :mod:`.fingerprint`: the training fingerprint (dictionaries, direction, and the architecture
-  options read from ``cfg.model``) and the identity of a model's parameters by content;
 
-Importing this package needs neither torch nor fairseq (reading a checkpoint imports them).
+Checkpoints and training fingerprints are trained-model files: :mod:`user_plugin.artifacts`.
+
+Importing this package needs neither torch nor fairseq.
 fairseq sets up logging at INFO and logs a line when it is first imported, unless logging is
 set up before; a script therefore calls ``logging.basicConfig(level=logging.WARNING, ...)``
 first, so that its stderr holds nothing but its own messages (one line for an error).
@@ -46,16 +41,6 @@ from .atomic import (
     temp_destination,
     temp_name_parts,
 )
-from .checkpoints import (
-    LOAD_ERRORS,
-    CheckpointError,
-    checkpoint_file_problem,
-    checkpoint_integrity_problem,
-    read_checkpoint,
-    save_checkpoint,
-    state_dict_mismatch,
-    torch_save,
-)
 from .errors import (
     InvalidValue,
     UserError,
@@ -71,34 +56,26 @@ from .text import decode_lines, iter_lines, read_lines, single_line, split_lines
 __all__ = [
     "int_at_least",
     "InvalidValue",
-    "LOAD_ERRORS",
     "TEMP_SUFFIX",
-    "CheckpointError",
     "DirectoryInUse",
     "DirectoryLock",
     "UserError",
     "atomic_copy",
     "atomic_write",
     "atomic_write_text",
-    "checkpoint_file_problem",
-    "checkpoint_integrity_problem",
     "decode_lines",
     "file_error",
     "first_line",
     "iter_lines",
     "console_script",
     "make_temp_dir",
-    "read_checkpoint",
     "read_lines",
     "refuse_input_clash",
     "remove_stale_temporaries",
     "same_file",
     "run_main",
-    "save_checkpoint",
     "single_line",
     "split_lines",
-    "state_dict_mismatch",
     "temp_destination",
     "temp_name_parts",
-    "torch_save",
 ]

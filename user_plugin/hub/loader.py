@@ -15,8 +15,8 @@ from pathlib import Path
 from .. import registration  # noqa: F401  (the models, task and criterion checkpoints name)
 from ..artifacts.checkpoints import build_models, read_model_checkpoint, setup_task
 from ..artifacts.errors import ArtifactError
+from ..artifacts.fingerprint import ensemble_mismatch, stored_fingerprint
 from ..artifacts.model_files import find_model_files, language_pair, model_text_pipeline
-from ..files.fingerprint import ensemble_mismatch, stored_fingerprint
 from ..generation.decoding_options import check_values
 from ..generation.gnmt_sequence_generator import penalty_function
 from ..paper import BEAM, LENPEN, MAX_LEN_OVER_SOURCE

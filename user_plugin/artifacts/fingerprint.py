@@ -82,7 +82,8 @@ ARCHITECTURE_OPTIONS: dict[str, Any] = {
     "base_shuffle": 1,
 }
 #: The model options that do not change what the parameters compute: training only
-#: (dropouts, LayerDrop, quantization noise, activation checkpointing and sharding),
+#: (dropouts, LayerDrop, quantization noise, activation checkpointing and sharding, compiling
+#: each layer),
 #: initialization (pre-trained embedding files), decoding extras (alignments), pruning at load
 #: time (its result is the layer count), and the position limits.
 NOT_ARCHITECTURE_OPTIONS = frozenset({
@@ -92,7 +93,7 @@ NOT_ARCHITECTURE_OPTIONS = frozenset({
     "quant_noise_scalar", "adaptive_softmax_dropout", "checkpoint_activations",
     "offload_activations", "min_params_to_wrap", "export", "encoder_embed_path",
     "decoder_embed_path", "max_source_positions", "max_target_positions", "alignment_layer",
-    "alignment_heads", "full_context_alignment",
+    "alignment_heads", "full_context_alignment", "compile_layers",
 })
 
 
