@@ -138,6 +138,18 @@ def load_error(path: str | os.PathLike, error: BaseException, upgrade: bool) -> 
     return CheckpointError(path, _load_error_reason(error), unreadable=True)
 
 
+def refuse_unusable_file(path: str | os.PathLike, verify: bool = True) -> None:
+    """Raise a one-line error naming ``path`` when it is no usable checkpoint file (checked
+    without unpickling it, :func:`checkpoint_file_problem`): the file error of one that cannot be
+    opened, else a :class:`CheckpointError`."""
+    try:
+        problem = checkpoint_file_problem(path, verify=verify)
+    except OSError as error:
+        raise file_error(path, error, expected="a checkpoint file") from None
+    if problem is not None:
+        raise CheckpointError(path, problem, unreadable=True)
+
+
 def read_checkpoint(path: str | os.PathLike, upgrade: bool = False, mmap: bool = False,
                     required: Sequence[str] = ("model",), verify: bool = True) -> dict:
     """Load the fairseq checkpoint ``path`` to the CPU under safe loading, after checking its
@@ -154,12 +166,7 @@ def read_checkpoint(path: str | os.PathLike, upgrade: bool = False, mmap: bool =
     :func:`~user_plugin.files.errors.file_error` when it cannot be opened, a
     :class:`CheckpointError` when it is not a usable checkpoint.
     """
-    try:
-        problem = checkpoint_file_problem(path, verify=verify)
-    except OSError as error:
-        raise file_error(path, error, expected="a checkpoint file") from None
-    if problem is not None:
-        raise CheckpointError(path, problem, unreadable=True)
+    refuse_unusable_file(path, verify=verify)
     from ..safe_loading import allow_fairseq_checkpoint_globals
 
     allow_fairseq_checkpoint_globals()  # the types fairseq checkpoints hold

@@ -68,6 +68,7 @@ from ..artifacts.checkpoints import (
     CheckpointError,
     checkpoint_file_problem,
     load_error,
+    refuse_unusable_file,
     save_checkpoint,
     state_dict_mismatch,
 )
@@ -436,12 +437,7 @@ def one_line_load_checkpoint_to_cpu(load_checkpoint_to_cpu):
         if not local.is_file():  # a remote path, or fairseq's own error for a missing file
             return load_checkpoint_to_cpu(path, arg_overrides=arg_overrides,
                                           load_on_all_ranks=load_on_all_ranks)
-        try:
-            problem = checkpoint_file_problem(local, verify=False)
-        except OSError as error:
-            raise file_error(local, error, expected="a checkpoint file") from None
-        if problem is not None:
-            raise CheckpointError(local, problem, unreadable=True)
+        refuse_unusable_file(local, verify=False)
         try:
             return load_checkpoint_to_cpu(path, arg_overrides=arg_overrides,
                                           load_on_all_ranks=load_on_all_ranks)
