@@ -245,7 +245,8 @@ def fp16_wrapper_checkpoint(autocast_checkpoint, tmp_path, wrapper: str):
     optimizer_state["loss_scale"] = 32.0
     state["last_optimizer_state"] = optimizer_state
     save_dir = fresh_copy(autocast_checkpoint, tmp_path, wrapper)
-    save_checkpoint(state, save_dir / "checkpoint_last.pt")
+    # written as the wrapper's run would have saved its own state over the copied one
+    save_checkpoint(state, save_dir / "checkpoint_last.pt", training_save=True)
     return save_dir, state
 
 
