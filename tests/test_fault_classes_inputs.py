@@ -156,7 +156,7 @@ def test_fairseq_commands_with_our_task_refuse_a_bad_lenpen_in_one_line(trained_
 def test_the_recipes_lenpen_reaches_generate_and_is_refused(trained_multi30k):
     """The generate step's options come from recipes/common.sh (decoding_args) with the
     task vaswani_translation; LENPEN=nan reaches fairseq-generate and stops it in one line."""
-    script = ('source "$COMMON"; paper_constants; load_pair wmt14_en_de; DEVICE=cpu; '
+    script = ('source "$COMMON"; activate_venv; load_pair wmt14_en_de; DEVICE=cpu; '
               'TASK=vaswani_translation; decoding_defaults; decoding_args; '
               'printf "%s\\n" "${DECODING_ARGS[@]}"')
     env = {**os.environ, "COMMON": str(REPO / "recipes" / "common.sh"), "LENPEN": "nan",
