@@ -30,10 +30,11 @@ Peak memory: on CPU the peak resident set size of the subprocess (``getrusage`` 
 growth over the resident size before the measured work; on a GPU
 ``torch.cuda.max_memory_allocated``.
 ``--dtype bf16`` trains as ``fairseq-train --bf16 --amp`` does with the plugin
-(:mod:`user_plugin.precision`): float32 weights and Adam state, the criterion's forward pass
-(model and loss) under bfloat16 autocast; it decodes under the same autocast. It runs on a CPU
-too. ``--dtype fp16`` (CUDA only) uses ``torch.autocast(float16)`` with a ``GradScaler``, which
-is not fairseq's ``--fp16`` (float16 weights). ``--device cuda`` reports model FLOPs utilisation
+(:mod:`user_plugin.fairseq_patches.precision`): float32 weights and Adam state, the criterion's
+forward pass (model and loss) under bfloat16 autocast; it decodes under the same autocast. It
+runs on a CPU too. ``--dtype fp16`` (CUDA only) uses ``torch.autocast(float16)`` with a
+``GradScaler``, which is not fairseq's ``--fp16`` (float16 weights). ``--device cuda`` reports
+model FLOPs utilisation
 (MFU) of training. The GPU figures that users would compare come from
 ``scripts/gpu_check/run_check.py`` (``fairseq-train`` itself); this script's CUDA path has not
 been run on a GPU.
@@ -241,7 +242,7 @@ def model_cfg(args):
 
 def build_models(args, dictionary, work: Path, fresh: bool):
     """Our model and fairseq's with the same hyperparameters; weights copied fairseq -> ours."""
-    from user_plugin.builtin_transformer import (
+    from user_plugin.artifacts.builtin_transformer import (
         build_fairseq_transformer,
         copy_fairseq_weights_into_ours,
     )
@@ -418,7 +419,7 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
 
         model = VaswaniTransformerModel.build_model(cfg, task)
     else:
-        from user_plugin.builtin_transformer import build_fairseq_transformer
+        from user_plugin.artifacts.builtin_transformer import build_fairseq_transformer
 
         model = build_fairseq_transformer(None, task, cfg)
     model.load_state_dict(torch.load(work / f"{'ours' if impl == BOUND else impl}.pt"))
@@ -429,7 +430,7 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
 
         attention_free(model)
     if impl == "builtin":  # our §3.5 encoding, so that both models compute the same function
-        from user_plugin.builtin_transformer import OurPositionsForFairseq
+        from user_plugin.artifacts.builtin_transformer import OurPositionsForFairseq
         from user_plugin.modules.positional_encoding import SinusoidalPositionalEncoding
 
         for side in (model.encoder, model.decoder):
@@ -441,7 +442,7 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
     def autocast():
         """The context of the measured forward passes for --dtype."""
         if args.dtype == "bf16":
-            from user_plugin.precision import bf16_autocast
+            from user_plugin.fairseq_patches.precision import bf16_autocast
 
             return bf16_autocast(device)
         if args.dtype == "fp16":
@@ -499,7 +500,7 @@ def train_measure(args, model, task, impl, cfg, vocab, device, autocast, warmup,
 
         criterion = LabelSmoothedCrossEntropyCriterion(task, False, 0.1)
     if args.dtype == "bf16":
-        from user_plugin.precision import autocast_forward_bf16
+        from user_plugin.fairseq_patches.precision import autocast_forward_bf16
 
         # as fairseq-train --bf16 with the plugin: the criterion's forward under autocast
         autocast_forward_bf16(criterion, device)

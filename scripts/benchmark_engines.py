@@ -6,7 +6,7 @@ Engines, all decoding the same binarized test sentences with beam 4 and alpha 0.
 * ``ours``: ``fairseq-generate --user-dir user_plugin --task vaswani_translation`` on our
   checkpoint: the exact paper decoder (GNMT penalty, each output at most its source + 50);
 * ``builtin``: stock ``fairseq-generate`` (no ``--user-dir``) on the export to fairseq's
-  ``transformer`` (``python -m user_plugin.export --to fairseq``): fairseq's ``|Y|^alpha``
+  ``transformer`` (``vaswani-export --to fairseq``): fairseq's ``|Y|^alpha``
   penalty and its batch-wide ``--max-len-a 1 --max-len-b 50``, what stock fairseq serves;
 * ``ct2-float32`` and ``ct2-int8``: the CTranslate2 exports (``--to ctranslate2``), decoded by
   the hub's ``ctranslate2`` backend (GNMT re-ranking of the beam, per-sentence limit).

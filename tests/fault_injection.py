@@ -51,11 +51,9 @@ pause_after_update = int(os.environ.get("FAULT_PAUSE_AFTER_UPDATE", "0"))
 full_disk_at_write = int(os.environ.get("FAULT_FULL_DISK_AT_WRITE", "0"))
 
 if os.environ.get("FAULT_FAIRSEQ_COPY") == "1":
-    # the control: the plugin imported, then fairseq's own (non-atomic) copy put back
-    import user_plugin.registration  # noqa: F401
-    from fairseq import checkpoint_utils
-    from fairseq.file_io import PathManager
-    checkpoint_utils.PathManager = PathManager
+    # the control: the plugin loaded with its atomic copy switched off, so fairseq's own
+    # (non-atomic) copy runs (the row puts its copy in place only while a save of ours runs)
+    os.environ["VASWANI_FAIRSEQ_PATCHES"] = "off:atomic_checkpoint_copy"
 
 if kill_after_update or pause_after_update:
     from fairseq.trainer import Trainer

@@ -1,6 +1,7 @@
 """The layering of trained-model code: ``hub/`` (translating) and ``export/`` (shipping) both
 build on ``artifacts/`` (checkpoints, model directories, the text pipeline, export layouts) and
-neither imports the other, so there is no import circle; both raise the one error type."""
+neither imports the other, so there is no import circle; both raise the one error type. The
+exporters build on ``artifacts/``, never on each other, and ``files/`` keeps generic chores."""
 
 from __future__ import annotations
 
@@ -83,10 +84,45 @@ def test_artifacts_import_neither_hub_nor_export():
 
 
 def test_errors_have_one_type():
-    from user_plugin.artifacts.errors import ArtifactError
-    from user_plugin.export.fairseq_checkpoint import ExportError
-    from user_plugin.files.errors import UserError
-    from user_plugin.hub import HubError
+    """Trained-model files have one error type under one name: no module defines or aliases
+    another name for it (the hub re-exports it as it is)."""
+    import re
 
-    assert HubError is ExportError is ArtifactError
+    from user_plugin import hub
+    from user_plugin.artifacts.errors import ArtifactError
+    from user_plugin.files.errors import UserError
+
+    assert hub.ArtifactError is ArtifactError
     assert issubclass(ArtifactError, UserError) and issubclass(ArtifactError, RuntimeError)
+    alias = re.compile(r"^\w+ = ArtifactError$|import ArtifactError as |class \w+\(ArtifactError",
+                       re.MULTILINE)
+    package = REPO / "user_plugin"
+    assert [str(path.relative_to(package)) for path in sorted(package.rglob("*.py"))
+            if alias.search(path.read_text(encoding="utf-8"))] == []
+
+
+EXPORTERS = ("user_plugin.export.fairseq_checkpoint", "user_plugin.export.ctranslate2_model",
+             "user_plugin.export.transformers_model")
+
+
+def test_exporters_build_on_artifacts_never_on_each_other():
+    """Loading our model, the mapping to fairseq's transformer and the probe batch are in
+    ``artifacts/``; an exporter does not reach into another."""
+    graph = import_graph()
+    for exporter in EXPORTERS:
+        others = [m for m in reaches(graph, exporter, "user_plugin.export") if m in EXPORTERS]
+        assert others == [], exporter
+        assert "user_plugin.artifacts.our_model" in graph[exporter], exporter
+
+
+def test_files_keep_generic_chores_only():
+    """Checkpoints, fingerprints, averaging and the built-in mapping are trained-model files
+    (``artifacts/``); ``files/`` imports none of it."""
+    graph = import_graph()
+    files = [m for m in graph if m.startswith("user_plugin.files")]
+    assert "user_plugin.files.atomic" in files
+    assert not [m for m in files if m.rpartition(".")[2] in ("checkpoints", "fingerprint")]
+    assert {m: reaches(graph, m, "user_plugin.artifacts") for m in files
+            if reaches(graph, m, "user_plugin.artifacts")} == {}
+    for module in ("checkpoints", "fingerprint", "averaging", "builtin_transformer", "our_model"):
+        assert f"user_plugin.artifacts.{module}" in graph, module

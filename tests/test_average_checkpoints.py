@@ -11,7 +11,8 @@ import torch
 from cli import command
 from conftest import MULTI30K, REPO, require_data
 
-from user_plugin.commands import average_checkpoints as avg
+from user_plugin.artifacts import averaging as avg
+from user_plugin.commands import average_checkpoints
 from user_plugin.files import UserError, run_main
 
 USER_DIR = str(REPO / "user_plugin")
@@ -50,7 +51,7 @@ def fake_checkpoint(path: Path, seed: int, **changes) -> dict:
 
 def run_cli(args: list[str], capsys) -> tuple[int, str]:
     """Run the script's main in this process as its command line does; (status, stderr)."""
-    status = run_main(avg.main, args, avg.PROG)
+    status = run_main(average_checkpoints.main, args, average_checkpoints.PROG)
     return status, capsys.readouterr().err
 
 

@@ -1,11 +1,11 @@
 """The parameter-name mapping between our model and fairseq's built-in ``transformer``, in both
-directions (user_plugin/builtin_transformer.py)."""
+directions (user_plugin/artifacts/builtin_transformer.py)."""
 
 import pytest
 import torch
 from conftest import TINY, build_vaswani, fake_task, make_dictionary, random_batch
 
-from user_plugin.builtin_transformer import (
+from user_plugin.artifacts.builtin_transformer import (
     OurPositionsForFairseq,
     build_fairseq_transformer,
     copy_fairseq_weights_into_ours,

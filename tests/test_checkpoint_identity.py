@@ -2,7 +2,7 @@
 once wherever checkpoints are combined (the averager, fairseq-generate's ``--path a:b``
 ensembles, the hub's ensembles), and the training fingerprint covers every model option that
 changes what the same parameters compute (heads, activation, embedding scale...), checked on
-resume, averaging and ensembles (``user_plugin.files.fingerprint``).
+resume, averaging and ensembles (``user_plugin.artifacts.fingerprint``).
 
 The matrix of cases, outcomes and tests is docs/faults.md ("Identity that covers the
 architecture"). Files that a refused command must leave alone are compared by sha256 before
@@ -30,7 +30,7 @@ from test_fault_classes import (
     train_into,
 )
 
-from user_plugin.files.fingerprint import (
+from user_plugin.artifacts.fingerprint import (
     ARCHITECTURE,
     ARCHITECTURE_OPTIONS,
     NOT_ARCHITECTURE_OPTIONS,
@@ -214,6 +214,6 @@ def test_ensembles_refuse_checkpoints_of_other_architecture_options(trained_mult
     line = error_line(proc.stderr)
     assert proc.returncode != 0 and "these checkpoints cannot be used together" in line
     assert f"{other} was trained with --encoder-attention-heads 8" in line
-    with pytest.raises(hub.HubError, match="--encoder-attention-heads 8"):
+    with pytest.raises(hub.ArtifactError, match="--encoder-attention-heads 8"):
         hub.load_translator(trained_multi30k.data_bin, checkpoints=[last, other],
                             source_lang="en", target_lang="de")

@@ -1,6 +1,7 @@
 """The installed commands as declared (``setup.py``'s console scripts), without installing: each
-points at a function that exists, the recipes and docs name only declared commands, nothing
-imports a file of ``scripts/``, and ``python -m user_plugin`` prints the ``--user-dir`` path.
+points at a function that exists, in a module of ``user_plugin/commands/``, the recipes and docs
+name only declared commands, nothing imports a file of ``scripts/``, and ``python -m user_plugin``
+prints the ``--user-dir`` path.
 (``tests/test_installed_commands.py`` installs the package for real.)"""
 
 from __future__ import annotations
@@ -37,6 +38,19 @@ def test_every_console_script_names_a_function_of_the_package():
         module_name, _, function = target.partition(":")
         assert module_name.startswith("user_plugin."), target
         assert callable(getattr(importlib.import_module(module_name), function)), target
+
+
+def test_every_console_script_lives_in_commands_and_has_one_error_convention():
+    """Each installed command's module is in ``user_plugin/commands/`` and its entry point is
+    the module's ``cli_main``: bad input as one ``PROG: error: ...`` line and status 1
+    (:func:`~user_plugin.files.errors.console_script`); ``main(argv)`` for use from Python."""
+    for target in console_scripts().values():
+        module_name, _, function = target.partition(":")
+        assert module_name.rpartition(".")[0] == "user_plugin.commands", target
+        assert function == "cli_main", target
+        module = importlib.import_module(module_name)
+        assert callable(getattr(module, "main", None)), target
+    assert not [path.name for path in (REPO / "user_plugin").rglob("cli.py")]
 
 
 def test_recipes_and_docs_name_only_declared_commands():

@@ -18,7 +18,7 @@ from conftest import SHIPPING_VARIANTS, our_checkpoint_with
 pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (the test extra has it)")
 
 from user_plugin.artifacts.manifest import MANIFEST  # noqa: E402
-from user_plugin.hub import HubError, load_translator  # noqa: E402
+from user_plugin.hub import ArtifactError, load_translator  # noqa: E402
 from user_plugin.hub.ctranslate2_translator import rerank  # noqa: E402
 from user_plugin.paper import LENPEN  # noqa: E402
 
@@ -230,7 +230,7 @@ def test_corrupt_or_mixed_directory_is_one_error_line(damage, exports, tmp_path)
         shutil.rmtree(directory)
         directory.write_text("not a directory")
         named = "no such directory"
-    with pytest.raises(HubError, match=named) as raised:
+    with pytest.raises(ArtifactError, match=named) as raised:
         load_translator(directory, backend="ctranslate2")
     assert "\n" not in str(raised.value)
     proc = subprocess.run(
@@ -244,12 +244,12 @@ def test_corrupt_or_mixed_directory_is_one_error_line(damage, exports, tmp_path)
 
 
 def test_languages_other_than_the_exports_are_refused(exports):
-    with pytest.raises(HubError, match="en->de"):
+    with pytest.raises(ArtifactError, match="en->de"):
         load_translator(exports["postnorm_shared"], backend="ctranslate2", source_lang="fr")
 
 
 def test_fairseq_backend_options_are_refused_for_an_export(exports):
-    with pytest.raises(HubError, match="fairseq backend"):
+    with pytest.raises(ArtifactError, match="fairseq backend"):
         load_translator(exports["postnorm_shared"], backend="ctranslate2", data_dir="x")
 
 

@@ -326,8 +326,11 @@ OPTIONS = [
            per_sentence=3, reseed=True),
     Option("temperature", [*SAMPLING, "--temperature", "0.7"], check_samples,
            per_sentence=3, reseed=True),
+    # under --task translation fairseq's own diverse search fails on every batch but the first,
+    # with fairseq's model and ours alike: only our task's generator has the fixed search
     Option("diverse-beam-groups", ["--diverse-beam-groups", "2", "--diverse-beam-strength",
-                                   "5", "--nbest", "4"], check_groups_differ, per_sentence=4),
+                                   "5", "--nbest", "4"], check_groups_differ, per_sentence=4,
+           builtin=False),
     Option("diversity-rate", ["--diversity-rate", "0.5", "--nbest", "4"], check_nothing,
            per_sentence=4),
     Option("prefix-size", ["--prefix-size", "2"], check_prefix),
@@ -395,12 +398,15 @@ def contains_in_order(tokens: list, phrases: list) -> bool:
 def test_constraints_match_fairseq_transformer_and_appear_within_the_limit(setup, order):
     reverse = order == "unordered"
     path = interactive_input(setup, f"constraints_{order}", constraints=True, reverse=reverse)
-    extra = ["--constraints", order, "--input", path, "--buffer-size", "8", "--batch-size", "8",
-             "--print-alignment"]
-    ours = decode(setup, "translation", setup.ours, extra, tool="interactive")
-    theirs = decode(setup, "translation", setup.builtin, extra, tool="interactive")
+    stock = ["--constraints", order, "--input", path, "--buffer-size", "8", "--batch-size", "8"]
+    # fairseq's own task keeps fairseq's search (the fixes of constrained search and of the
+    # alignments of short beams are our task's generator's): compared without alignments,
+    # which fairseq's SequenceGeneratorWithAlignment cannot give for a short beam
+    ours = decode(setup, "translation", setup.ours, stock, tool="interactive")
+    theirs = decode(setup, "translation", setup.builtin, stock, tool="interactive")
     assert_same_output(ours, theirs)
 
+    extra = [*stock, "--print-alignment"]
     paper = decode(setup, "vaswani_translation", setup.ours, extra, tool="interactive")
     assert_paper_decoding(paper)
     met = 0
@@ -471,7 +477,7 @@ def test_bare_replace_unk_copies_source_words(setup, baselines):
 
 def paired_decoders(seed: int = 0, **options):
     """Our tiny model and fairseq's transformer with the same weights (learned positions)."""
-    from user_plugin.builtin_transformer import (
+    from user_plugin.artifacts.builtin_transformer import (
         build_fairseq_transformer,
         copy_fairseq_weights_into_ours,
     )
@@ -538,15 +544,21 @@ def test_full_context_alignment_as_fairseqs_transformer_align():
 
 def test_diverse_beam_search_fix_keeps_fairseqs_results_for_any_sample_ids():
     """fairseq indexes its group overlaps by dataset id: any batch whose ids are not 0..B-1
-    fails on the second step. The fix gives every batch the results of ids 0..B-1."""
+    fails on the second step. The fix gives every batch the results of ids 0..B-1; our task's
+    generator uses it, fairseq's own class stays as it is for fairseq's tasks."""
     from fairseq import search
     from fairseq.sequence_generator import SequenceGenerator
 
-    from user_plugin.generation.fairseq_fixes import DiverseBeamSearchByRow
+    from user_plugin.generation import GNMTSequenceGenerator
+    from user_plugin.generation.diverse_search import DiverseBeamSearchByRow
 
-    original = DiverseBeamSearchByRow.__bases__[0]
-    assert search.DiverseBeamSearch is DiverseBeamSearchByRow  # installed by the plugin
+    original = search.DiverseBeamSearch
+    assert DiverseBeamSearchByRow.__bases__[0] is original  # fairseq's class, not replaced
     dictionary, ours, _ = paired_decoders(seed=3)
+    chosen = GNMTSequenceGenerator([ours], dictionary, beam_size=4,
+                                   search_strategy=original(dictionary, 2, 0.5)).search
+    assert type(chosen) is DiverseBeamSearchByRow and chosen.num_groups == 2
+    assert chosen.diversity_strength == -0.5
     src, src_lengths, _ = random_batch(dictionary, batch=3, src_len=7, seed=4)
 
     def run(search_cls, ids):
@@ -660,7 +672,7 @@ def test_alignments_of_a_model_without_cross_attention_are_refused():
 def test_replace_unk_reads_every_alignment_format():
     from fairseq import utils
 
-    from user_plugin.generation.fairseq_fixes import source_positions
+    from user_plugin.fairseq_patches.decoding import source_positions
 
     assert utils.load_align_dict("@@ ") == {}
     pairs = [(2, 0), (0, 1), (1, 1)]
@@ -742,7 +754,7 @@ def test_hub_sampling_is_repeatable_with_a_seed(hub_translator):
 def test_hub_command_line_constraints_and_sampling(trained_multi30k, capsys, monkeypatch):
     import io
 
-    from user_plugin.hub import main
+    from user_plugin.commands.translate import main
 
     model = trained_multi30k.checkpoint_dir
     base = [str(model), "--data-dir", str(trained_multi30k.data_bin),

@@ -5,7 +5,7 @@ import pytest
 import torch
 from conftest import TINY, build_vaswani, fake_task, make_dictionary, random_batch
 
-from user_plugin.builtin_transformer import (
+from user_plugin.artifacts.builtin_transformer import (
     OurPositionsForFairseq,
     build_fairseq_transformer,
     copy_fairseq_weights_into_ours,

@@ -22,12 +22,12 @@ from conftest import (
     our_checkpoint_with,
 )
 
-from user_plugin.export.fairseq_checkpoint import (
+from user_plugin.artifacts.builtin_transformer import (
     OPTION_MAPPING,
-    non_plain_entry,
     refusal,
     to_builtin_transformer,
 )
+from user_plugin.export.fairseq_checkpoint import non_plain_entry
 from user_plugin.models.transformer_config import VaswaniTransformerConfig
 from user_plugin.models.vaswani_transformer import VaswaniTransformerModel
 

@@ -1,6 +1,9 @@
 """The plugin's patches of fairseq (user_plugin/fairseq_patches): every attribute the plugin
-replaces is a row of the one table, the off switch gives fairseq's own objects back (identity),
-and a fairseq version outside the checked ones gives one warning line."""
+replaces is a row of the one table, every replacement lives in the package, each row says which
+runs it applies to and a row of our runs gives any other run fairseq's own function, the off
+switch gives fairseq's own objects back (identity), and a fairseq version outside the checked
+ones gives one warning line. (tests/test_stock_run_with_plugin.py runs a stock configuration in
+a process that loaded the plugin.)"""
 
 import json
 import logging
@@ -11,7 +14,15 @@ import pytest
 from cli import REPO, fairseq_env
 
 from user_plugin import fairseq_patches
-from user_plugin.fairseq_patches import ENV_VAR, PATCHES, Patch, PatchSwitchError, Replacement
+from user_plugin.fairseq_patches import (
+    ENV_VAR,
+    EVERY_RUN,
+    OUR_RUNS,
+    PATCHES,
+    Patch,
+    PatchSwitchError,
+    Replacement,
+)
 
 # Runs in a fresh process: snapshots the identity of every attribute of every loaded fairseq
 # module and of the classes they define, of torch's top level, torch.Tensor and nn.Module, and
@@ -109,13 +120,13 @@ def test_uninstall_gives_back_fairseqs_own_objects(snapshots):
 
 
 IDENTITY_BY_NAME = r"""
-import fairseq.checkpoint_utils as cu, fairseq.logging.progress_bar as pb, sys
+import fairseq.checkpoint_utils as cu, fairseq_cli.train as ft, sys
 from fairseq.trainer import Trainer
-originals = {"progress_bar": pb.progress_bar, "train_step": Trainer.train_step,
+originals = {"train": ft.train, "train_step": Trainer.train_step,
              "init": Trainer.__init__, "load": cu.load_checkpoint, "hook": sys.excepthook}
 import user_plugin.registration
 from user_plugin import fairseq_patches
-now = {"progress_bar": pb.progress_bar, "train_step": Trainer.train_step,
+now = {"train": ft.train, "train_step": Trainer.train_step,
        "init": Trainer.__init__, "load": cu.load_checkpoint, "hook": sys.excepthook}
 print(json.dumps({"same": sorted(k for k in originals if originals[k] is now[k]),
                   "installed": list(fairseq_patches.installed())}))
@@ -123,13 +134,14 @@ print(json.dumps({"same": sorted(k for k in originals if originals[k] is now[k])
 
 
 def test_switch_off_by_name_keeps_fairseqs_own_functions_for_those_only():
-    proc = run_python(IDENTITY_BY_NAME, "off:progress_report,mixed_precision")
+    proc = run_python(IDENTITY_BY_NAME,
+                      "off:progress_report,mixed_precision,bf16_without_tpu,fp16_without_cuda")
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert report["same"] == ["init", "progress_bar"]
+    assert report["same"] == ["init", "train"]
     assert "progress_report" not in report["installed"]
     assert "mixed_precision" not in report["installed"]
-    assert len(report["installed"]) == len(PATCHES) - 2
+    assert len(report["installed"]) == len(PATCHES) - 4
 
 
 def test_a_misspelt_switch_is_one_error_line_naming_the_known_patches():
@@ -151,49 +163,134 @@ def test_listing_says_what_is_on_and_what_each_patch_replaces():
     assert f"{len(PATCHES) - 1} of {len(PATCHES)} patches on" in proc.stdout
     assert "[off] replace_unk_flag" in proc.stdout and "[on ] progress_report" in proc.stdout
     for target in table_targets():
-        assert f"replaces {target}" in proc.stdout
+        assert f"replaces {target} by user_plugin.fairseq_patches." in proc.stdout
+    rows = proc.stdout.split("\n[")[1:]
+    assert len(rows) == len(PATCHES)
+    for patch, row in zip(PATCHES, rows):
+        scope_line = row.splitlines()[1].strip()
+        assert scope_line.startswith(f"scope: {patch.scope}"), row
+        if patch.scope == OUR_RUNS:
+            assert "(told by the " in scope_line, row
 
 
-def test_every_row_says_what_it_fixes_and_where_it_was_checked():
+def test_every_row_says_what_it_fixes_where_it_was_checked_and_which_runs_it_applies_to():
     assert len({patch.name for patch in PATCHES}) == len(PATCHES)
     for patch in PATCHES:
         assert patch.replaces and len(patch.fixes) > 40 and patch.checked, patch.name
+        assert patch.scope in (OUR_RUNS, EVERY_RUN), patch.name
+        for replacement in patch.replaces:
+            assert (replacement.ours is not None) == (patch.scope == OUR_RUNS), patch.name
+    # what changes training or checkpoint bytes is ours only
+    scopes = {patch.name: patch.scope for patch in PATCHES}
+    for name in ("resume_plan", "one_line_checkpoint_save", "verified_checkpoint_load",
+                 "mixed_precision", "optimizer_state_layouts", "progress_report",
+                 "atomic_checkpoint_copy", "save_dir_lock", "ensemble_fingerprints"):
+        assert scopes[name] == OUR_RUNS, name
+    with pytest.raises(ValueError, match="how a call tells whose run it is"):
+        Patch("unscoped", (Replacement("fairseq.utils:replace_unk", print),), "x" * 50,
+              OUR_RUNS)
+
+
+def test_every_replacement_lives_in_the_patches_package():
+    """Each row's replacement is defined in user_plugin.fairseq_patches; with the snapshot test
+    above (every attribute changed is a row's target), no module outside the package replaces
+    an attribute of fairseq."""
+    for patch in PATCHES:
+        for replacement in patch.replaces:
+            module = replacement.new.__module__
+            assert module.startswith("user_plugin.fairseq_patches."), (patch.name, module)
+            assert replacement.replacement.startswith(module)
+
+
+def test_a_row_of_our_runs_gives_any_other_call_fairseqs_own_function():
+    """The dispatch that every row of our runs goes through: the replacement for a call that
+    its ``ours`` accepts, fairseq's original (the very object) for any other."""
+    calls = []
+
+    def original(run, value):
+        calls.append(("fairseq", run, value))
+        return "fairseq"
+
+    def factory(wrapped):
+        def replacement(run, value):
+            calls.append(("ours", run, value))
+            return wrapped(run, value)
+        return replacement
+
+    import types
+
+    owner = types.SimpleNamespace(function=original)
+    row = Patch("scoped", (Replacement("m:function", factory, lambda run, value: run == "ours"),),
+                "a row used by this test only" * 2, OUR_RUNS)
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(fairseq_patches, "_owner_and_attribute", lambda target, where=False:
+                   (owner, "function"))
+    try:
+        fairseq_patches._install_patch(row)
+        assert owner.function("stock", 1) == "fairseq" and calls == [("fairseq", "stock", 1)]
+        calls.clear()
+        assert owner.function("ours", 2) == "fairseq"
+        assert calls == [("ours", "ours", 2), ("fairseq", "ours", 2)]
+        assert owner.function.__wrapped__ is original
+    finally:
+        fairseq_patches.uninstall(("scoped",))
+        monkey.undo()
+    assert owner.function is original
+
+
+def test_scope_tells_our_configurations_from_stock_ones():
+    import argparse
+
+    import user_plugin.registration  # noqa: F401  (our model and task registered)
+    from user_plugin.fairseq_patches import scope
+
+    assert scope.is_our_run(argparse.Namespace(arch="vaswani_base", task="translation"))
+    assert scope.is_our_run({"model": {"_name": "transformer"},
+                             "task": {"_name": "vaswani_translation"}})
+    assert not scope.is_our_run({"model": {"_name": "transformer"},
+                                 "task": {"_name": "translation"}})
+    assert not scope.is_our_run(argparse.Namespace(arch="transformer", task="translation"))
+    assert not scope.is_our_run(None)
+    assert not scope.saved_state({"cfg": {"model": {"_name": "transformer_iwslt_de_en"}}})
+    assert scope.saved_state({"cfg": {"model": {"_name": "vaswani_big"}}})
 
 
 @pytest.fixture
-def progress_patch_removed():
-    """The progress patch taken out of this (test) process, put back afterwards."""
-    fairseq_patches.uninstall(("progress_report",))
+def replace_unk_patch_removed():
+    """The replace_unk_flag patch taken out of this (test) process, put back afterwards."""
+    fairseq_patches.uninstall(("replace_unk_flag",))
     yield
-    fairseq_patches.uninstall(("progress_report",))
-    fairseq_patches.install(only=lambda patch: patch.name == "progress_report")
+    fairseq_patches.uninstall(("replace_unk_flag",))
+    fairseq_patches.install(only=lambda patch: patch.name == "replace_unk_flag")
 
 
 def test_an_unchecked_fairseq_version_gives_one_warning_line_and_applies(
-        progress_patch_removed, monkeypatch, caplog):
+        replace_unk_patch_removed, monkeypatch, caplog):
     import fairseq
-    from fairseq.logging import progress_bar
+    from fairseq import utils
 
-    original = progress_bar.progress_bar
+    original = utils.load_align_dict
     monkeypatch.setattr(fairseq, "__version__", "0.13.0")
     with caplog.at_level(logging.WARNING, logger="user_plugin.fairseq_patches"):
-        done = fairseq_patches.install(only=lambda patch: patch.name == "progress_report")
+        done = fairseq_patches.install(only=lambda patch: patch.name == "replace_unk_flag")
     warnings = [r for r in caplog.records if r.name == "user_plugin.fairseq_patches"]
     assert len(warnings) == 1 and "\n" not in warnings[0].getMessage()
     message = warnings[0].getMessage()
-    assert "fairseq 0.13.0" in message and "progress_report" in message
+    assert "fairseq 0.13.0" in message and "replace_unk_flag" in message
     assert "applying them anyway" in message
-    assert done == ("progress_report",) and progress_bar.progress_bar is not original
-    fairseq_patches.uninstall(("progress_report",))
-    assert progress_bar.progress_bar is original
+    assert done == ("replace_unk_flag",) and utils.load_align_dict is not original
+    fairseq_patches.uninstall(("replace_unk_flag",))
+    assert utils.load_align_dict is original
 
 
 def test_an_unchecked_version_skips_a_patch_whose_target_is_gone(monkeypatch, caplog):
     import fairseq
 
+    from user_plugin.fairseq_patches.precision import trainer_train_step_fp16_on_cpu
+
     gone = Patch("gone", (Replacement("fairseq.trainer:Trainer.no_such_method",
-                                      "user_plugin.precision:trainer_train_step_fp16_on_cpu"),),
-                 "a row whose target a later fairseq removed")
+                                      trainer_train_step_fp16_on_cpu),),
+                 "a row whose target a later fairseq removed", EVERY_RUN)
     monkeypatch.setattr(fairseq_patches, "PATCHES", (gone,))
     monkeypatch.setattr(fairseq_patches, "BY_NAME", {"gone": gone})
     monkeypatch.setattr(fairseq, "__version__", "1.0.0")
@@ -207,7 +304,7 @@ def test_an_unchecked_version_skips_a_patch_whose_target_is_gone(monkeypatch, ca
 def test_tensor_cuda_is_replaced_only_inside_the_with_block():
     import torch
 
-    from user_plugin.precision import _tensor_cuda_stays_on_cpu
+    from user_plugin.fairseq_patches.precision import _tensor_cuda_stays_on_cpu
 
     cuda = torch.Tensor.cuda
     with pytest.raises(RuntimeError, match="inside"):
@@ -216,3 +313,22 @@ def test_tensor_cuda_is_replaced_only_inside_the_with_block():
             assert torch.Tensor.cuda is not cuda and x.cuda() is x
             raise RuntimeError("inside")
     assert torch.Tensor.cuda is cuda
+
+
+def test_the_excepthook_one_lines_only_the_errors_it_recognises(monkeypatch, capsys):
+    from user_plugin.fairseq_patches.one_line_errors import one_line_excepthook
+    from user_plugin.files.errors import UserError
+
+    passed_on = []
+    hook = one_line_excepthook(lambda kind, error, tb: passed_on.append(error))
+    monkeypatch.setattr(sys, "argv", ["fairseq-train"])
+    for error in (UserError("bad input"),
+                  AssertionError("Sentences lengths should not exceed max_tokens=7")):
+        hook(type(error), error, None)
+        lines = capsys.readouterr().err.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("fairseq-train: error: "), lines
+    bugs = (AssertionError("an invariant of fairseq's"), ValueError("a bug"),
+            KeyError("x"), RuntimeError("CUDA out of memory"))
+    for error in bugs:
+        hook(type(error), error, None)
+    assert passed_on == list(bugs) and capsys.readouterr().err == ""

@@ -249,7 +249,7 @@ def test_paths_fairseq_cannot_take_are_refused_in_one_line(name, value, words):
 
 
 def fingerprint_of(order: list[str], source: str = "en", target: str = "de") -> dict:
-    from user_plugin.files.fingerprint import fingerprint
+    from user_plugin.artifacts.fingerprint import fingerprint
 
     return fingerprint(source, target, order, order)
 
@@ -260,7 +260,7 @@ REORDERED = [*WORDS[:4], WORDS[5], WORDS[4], *WORDS[6:]]  # same size, two token
 
 @pytest.mark.parametrize("other", ["reordered", "swapped"])
 def test_averaging_refuses_checkpoints_of_other_training_data(other, tmp_path, capsys):
-    from user_plugin.files.fingerprint import KEY, describe
+    from user_plugin.artifacts.fingerprint import KEY, describe
 
     mine = fingerprint_of(WORDS)
     theirs = fingerprint_of(REORDERED) if other == "reordered" else \
@@ -275,7 +275,7 @@ def test_averaging_refuses_checkpoints_of_other_training_data(other, tmp_path, c
 
 
 def test_averaging_keeps_a_matching_fingerprint_and_notes_a_missing_one(tmp_path, capsys):
-    from user_plugin.files.fingerprint import KEY
+    from user_plugin.artifacts.fingerprint import KEY
 
     mine = fingerprint_of(WORDS)
     a = tiny_checkpoint(tmp_path / "a.pt", seed=1, **{KEY: mine})
@@ -318,7 +318,7 @@ def error_line(stderr: str) -> str:
 
 
 def test_checkpoints_store_the_training_fingerprint(trained_multi30k):
-    from user_plugin.files.fingerprint import KEY, dictionary_sha256
+    from user_plugin.artifacts.fingerprint import KEY, dictionary_sha256
 
     state = torch.load(trained_multi30k.checkpoint_dir / "checkpoint_last.pt",
                        weights_only=True, map_location="cpu")
@@ -334,7 +334,7 @@ def test_checkpoints_store_the_training_fingerprint(trained_multi30k):
 @pytest.mark.parametrize("change", ["reordered dictionary", "swapped languages"])
 def test_resuming_on_other_training_data_is_refused_naming_both_fingerprints(
         change, trained_multi30k, tmp_path):
-    from user_plugin.files.fingerprint import KEY, describe
+    from user_plugin.artifacts.fingerprint import KEY, describe
 
     save_dir = tmp_path / "checkpoints"
     shutil.copytree(trained_multi30k.checkpoint_dir, save_dir,
@@ -360,7 +360,7 @@ def test_resuming_on_other_training_data_is_refused_naming_both_fingerprints(
 
 def test_generate_refuses_mismatched_ensembles_and_dictionaries_and_notes_old_checkpoints(
         trained_multi30k, tmp_path):
-    from user_plugin.files.fingerprint import KEY
+    from user_plugin.artifacts.fingerprint import KEY
 
     checkpoints = trained_multi30k.checkpoint_dir
     last = checkpoints / "checkpoint_last.pt"
@@ -599,14 +599,14 @@ def test_generate_given_a_directory_as_checkpoint_is_one_line(trained_multi30k):
 
 def test_hub_and_export_refuse_checkpoints_of_other_training_data(trained_multi30k, tmp_path):
     from user_plugin import hub
-    from user_plugin.files.fingerprint import KEY, describe
+    from user_plugin.artifacts.fingerprint import KEY, describe
 
     last = trained_multi30k.checkpoint_dir / "checkpoint_last.pt"
     state = torch.load(last, weights_only=True, map_location="cpu")
     swapped = tmp_path / "swapped.pt"
     torch.save({**state, KEY: {**state[KEY], "source_lang": "de", "target_lang": "en"}},
                swapped)
-    with pytest.raises(hub.HubError) as info:
+    with pytest.raises(hub.ArtifactError) as info:
         hub.load_translator(trained_multi30k.data_bin, checkpoints=[last, swapped],
                             source_lang="en", target_lang="de")
     assert "cannot be used together" in str(info.value)

@@ -520,5 +520,5 @@ def test_the_hub_refuses_an_empty_sentence_with_constraints(trained_multi30k, tr
     assert translator.translate(["", "A dog runs ."], constraints=[[], ["Hund"]])[0] == ""
     proc = hub_cli([trained_multi30k.checkpoint_dir, "--data-dir", trained_multi30k.data_bin,
                     "--constraints"], "A dog .\n\tHund\n")
-    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.returncode == 1 and proc.stdout == ""
     assert "sentence 2 is empty but has the constraints ['Hund']" in one_error_line(proc.stderr)

@@ -44,7 +44,7 @@ from fault_injection import (
 )
 
 from user_plugin import hub
-from user_plugin.commands import average_checkpoints, prepare_text
+from user_plugin.commands import average_checkpoints, prepare_text, translate
 from user_plugin.files import TEMP_SUFFIX, run_main
 
 NOISE = ("Warning", "warnings.warn", "tensorboardX", "autocast",  # library chatter on stderr
@@ -201,17 +201,18 @@ def test_averaging_refuses_a_bad_checkpoint_in_one_line(kind, reference_run, tmp
 def test_hub_refuses_a_bad_checkpoint_in_one_line(kind, reference_run, tmp_path, capsys,
                                                   monkeypatch):
     bad = bad_checkpoint(kind, tmp_path, reference_run.checkpoint)
-    with pytest.raises(hub.HubError) as info:
+    with pytest.raises(hub.ArtifactError) as info:
         hub.load_translator(reference_run.data_bin, checkpoints=[bad], source_lang="en",
                             target_lang="de")
     message = str(info.value)
     assert str(bad) in message and BAD_KINDS[kind] in message and "\n" not in message
     monkeypatch.setattr("sys.stdin", io.StringIO("a man .\n"))
-    status = hub.main([str(reference_run.data_bin), "--checkpoints", str(bad),
-                       "--source-lang", "en", "--target-lang", "de"])
+    status = run_main(translate.main, [str(reference_run.data_bin), "--checkpoints", str(bad),
+                                       "--source-lang", "en", "--target-lang", "de"],
+                      translate.PROG)
     captured = capsys.readouterr()
-    assert status != 0 and captured.out == ""
-    assert one_error_line(captured.err) == f"error: {message}"
+    assert status == 1 and captured.out == ""
+    assert one_error_line(captured.err) == f"vaswani-translate: error: {message}"
 
 
 @pytest.mark.parametrize("tool", ["hub", "plot_attention"])
@@ -501,7 +502,7 @@ def test_reset_options_decide_whether_a_finished_run_goes_on(reset, finished):
     from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    from user_plugin.training_run import finished_reason
+    from user_plugin.fairseq_patches.save_directory import finished_reason
 
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(parser, [
@@ -698,7 +699,7 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(tool, reference_run, tmp_pat
         argv = ["--inputs", str(reference_run.checkpoint), "--output", str(out_dir / "avg.pt")]
         destination = out_dir / "avg.pt"
     elif tool == "export":
-        module = importlib.import_module("user_plugin.export.cli")
+        module = importlib.import_module("user_plugin.commands.export")
         prog = module.PROG
         argv = [str(reference_run.checkpoint), "--data-dir", str(reference_run.data_bin), "--to",
                 "fairseq", "--output", str(out_dir / "exported.pt")]
@@ -766,9 +767,9 @@ def test_the_hub_writing_to_a_full_disk_is_one_line(reference_run):
              "--target-lang", "de", "--beam", "1"],
             input="a man .\n" * 50, stdout=full, stderr=subprocess.PIPE, cwd=REPO,
             env=fairseq_env(), text=True, timeout=300)
-    assert proc.returncode == 2
-    assert one_error_line(proc.stderr) == ("error: standard output: cannot write "
-                                           "(no space left on device)")
+    assert proc.returncode == 1
+    assert one_error_line(proc.stderr) == ("vaswani-translate: error: standard output: cannot "
+                                           "write (no space left on device)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -799,32 +800,35 @@ def test_hub_refuses_input_that_is_not_utf8_in_one_line(reference_run):
          str(reference_run.checkpoint), "--source-lang", "en", "--target-lang", "de"],
         input=b"a man .\nStra\xdfe .\n", capture_output=True, cwd=REPO, env=fairseq_env(),
         timeout=300)
-    assert proc.returncode == 2 and proc.stdout == b""
+    assert proc.returncode == 1 and proc.stdout == b""
     line = one_error_line(proc.stderr.decode("utf-8"))
-    assert line == "error: standard input: not valid UTF-8 text (line 2, byte 12)"
+    assert line == ("vaswani-translate: error: standard input: not valid UTF-8 text (line 2, "
+                    "byte 12)")
 
 
 def test_hub_refuses_malformed_bpe_codes_naming_the_file(reference_run, tmp_path, capsys,
                                                          monkeypatch):
     codes = tmp_path / "bpecodes"
     codes.write_text("#version: 0.2\na n\nm a n\n", encoding="utf-8")
-    with pytest.raises(hub.HubError) as info:
+    with pytest.raises(hub.ArtifactError) as info:
         hub.load_translator(reference_run.data_bin, checkpoints=[reference_run.checkpoint],
                             source_lang="en", target_lang="de", bpe_codes=codes)
     assert str(info.value) == (f"cannot read BPE codes {codes}: invalid line 3 in BPE codes "
                                "file: m a n")
     monkeypatch.setattr("sys.stdin", io.StringIO("a man .\n"))
-    status = hub.main([str(reference_run.data_bin), "--checkpoints", str(reference_run.checkpoint),
-                       "--bpe-codes", str(codes), "--source-lang", "en", "--target-lang", "de"])
+    status = run_main(translate.main, [str(reference_run.data_bin), "--checkpoints",
+                                       str(reference_run.checkpoint), "--bpe-codes", str(codes),
+                                       "--source-lang", "en", "--target-lang", "de"],
+                      translate.PROG)
     captured = capsys.readouterr()
-    assert status == 2 and captured.out == ""
-    assert one_error_line(captured.err) == f"error: {info.value}"
+    assert status == 1 and captured.out == ""
+    assert one_error_line(captured.err) == f"vaswani-translate: error: {info.value}"
 
 
 def test_hub_refuses_a_malformed_sentencepiece_model_naming_the_file(reference_run, tmp_path):
     model = tmp_path / "spm.model"
     model.write_bytes(b"\x0a\x05hello not a model")
-    with pytest.raises(hub.HubError) as info:
+    with pytest.raises(hub.ArtifactError) as info:
         hub.load_translator(reference_run.data_bin, checkpoints=[reference_run.checkpoint],
                             source_lang="en", target_lang="de", sentencepiece_model=model)
     message = str(info.value)
@@ -836,7 +840,7 @@ def test_hub_names_the_parameter_when_the_dictionaries_do_not_fit(reference_run,
         words = (reference_run.data_bin / f"dict.{lang}.txt").read_text(encoding="utf-8")
         extra = "".join(f"extraword{i} 1\n" for i in range(8))
         (tmp_path / f"dict.{lang}.txt").write_text(words + extra, encoding="utf-8")
-    with pytest.raises(hub.HubError) as info:
+    with pytest.raises(hub.ArtifactError) as info:
         hub.load_translator(tmp_path, checkpoints=[reference_run.checkpoint], source_lang="en",
                             target_lang="de")
     old = reference_run.model["encoder.embed_tokens.weight"].shape[0]
@@ -867,7 +871,7 @@ def test_plot_attention_reads_a_builtin_transformer_like_ours():
     """fairseq's ``transformer`` with our weights and positions draws the same maps as ours."""
     from conftest import fake_task
 
-    from user_plugin.builtin_transformer import (
+    from user_plugin.artifacts.builtin_transformer import (
         OurPositionsForFairseq,
         build_fairseq_transformer,
         copy_our_weights_into_fairseq,

@@ -15,29 +15,31 @@ from fractions import Fraction
 import pytest
 import torch
 
-from user_plugin.files import (
+from user_plugin.artifacts.checkpoints import (
     LOAD_ERRORS,
-    TEMP_SUFFIX,
     CheckpointError,
+    checkpoint_integrity_problem,
+    read_checkpoint,
+    save_checkpoint,
+    state_dict_mismatch,
+)
+from user_plugin.artifacts.errors import ArtifactError
+from user_plugin.files import (
+    TEMP_SUFFIX,
     DirectoryInUse,
     DirectoryLock,
     UserError,
     atomic_copy,
     atomic_write,
     atomic_write_text,
-    checkpoint_integrity_problem,
     file_error,
     first_line,
     iter_lines,
-    read_checkpoint,
     read_lines,
     remove_stale_temporaries,
     run_main,
-    save_checkpoint,
-    state_dict_mismatch,
     temp_destination,
 )
-from user_plugin.hub import HubError
 
 
 def usual_mode() -> int:
@@ -200,8 +202,8 @@ def test_read_checkpoint_refuses_unsafe_pickles(tmp_path):
     assert "refused by safe loading" in str(info.value) and info.value.unreadable
 
 
-def test_hub_errors_are_user_errors_and_runtime_errors():
-    assert issubclass(HubError, UserError) and issubclass(HubError, RuntimeError)
+def test_artifact_errors_are_user_errors_and_runtime_errors():
+    assert issubclass(ArtifactError, UserError) and issubclass(ArtifactError, RuntimeError)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -352,13 +354,16 @@ def test_a_forked_child_does_not_keep_the_lock_of_a_killed_holder(tmp_path):
 
 def test_uncaught_user_errors_are_one_line_in_any_command(tmp_path):
     script = tmp_path / "tool.py"
-    script.write_text("from user_plugin.files import UserError, install_one_line_errors\n"
+    script.write_text("from user_plugin.fairseq_patches.one_line_errors import "
+                      "install_one_line_errors\n"
+                      "from user_plugin.files import UserError\n"
                       "install_one_line_errors()\n"
                       "raise UserError('data.txt: no such file')\n", encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env)
     assert proc.returncode == 1 and proc.stderr == "tool.py: error: data.txt: no such file\n"
-    script.write_text("from user_plugin.files import install_one_line_errors\n"
+    script.write_text("from user_plugin.fairseq_patches.one_line_errors import "
+                      "install_one_line_errors\n"
                       "install_one_line_errors()\n"
                       "raise KeyError('other errors keep their traceback')\n", encoding="utf-8")
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env)

@@ -115,7 +115,7 @@ def test_speed_runs_stock_without_the_plugin_and_counts_flops_by_the_formula(dry
         stock = archive.extractfile("logs/speed-tiny-stock-fp16.log").read().decode()
         ours = archive.extractfile("logs/speed-tiny-ours-bf16.log").read().decode()
         compiled = archive.extractfile("logs/speed-tiny-ours-bf16-compile.log").read().decode()
-    assert "--user-dir" not in stock.splitlines()[0] and "user_plugin.precision" not in stock
+    assert "--user-dir" not in stock.splitlines()[0] and "user_plugin.fairseq_patches" not in stock
     assert "--user-dir" in ours.splitlines()[0] and "--optimizer vaswani_adam" in ours
     assert "bf16_masters" in ours and "--compile-layers" in compiled.splitlines()[0]
     assert runs["speed-tiny-stock-fp16"]["plugin_loaded"] is False

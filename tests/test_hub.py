@@ -9,7 +9,9 @@ import torch
 from cli import USER_DIR, run_fairseq
 from conftest import MULTI30K, require_data
 
-from user_plugin.hub import HubError, TextCodec, load_translator, main
+from user_plugin.commands.translate import PROG, main
+from user_plugin.files.errors import run_main
+from user_plugin.hub import ArtifactError, TextPipeline, load_translator
 
 SOURCES = 12  # test sentences compared with fairseq-generate
 
@@ -118,24 +120,24 @@ def test_languages_are_inferred_from_a_data_dir(trained_multi30k):
 
 def test_bad_paths_and_truncated_checkpoints_name_the_file(model_dir, tmp_path):
     missing = tmp_path / "nowhere"
-    with pytest.raises(HubError, match="nowhere"):
+    with pytest.raises(ArtifactError, match="nowhere"):
         load_translator(missing)
-    with pytest.raises(HubError, match="absent.pt"):
+    with pytest.raises(ArtifactError, match="absent.pt"):
         load_translator(model_dir, checkpoints=["absent.pt"], source_lang="en", target_lang="de")
     truncated = tmp_path / "truncated.pt"
     truncated.write_bytes((model_dir / "model.pt").read_bytes()[:5000])
-    with pytest.raises(HubError) as info:
+    with pytest.raises(ArtifactError) as info:
         load_translator(model_dir, checkpoints=[truncated], source_lang="en", target_lang="de")
     assert str(truncated) in str(info.value) and "\n" not in str(info.value)
-    with pytest.raises(HubError, match=r"dict\.fr\.txt"):
+    with pytest.raises(ArtifactError, match=r"dict\.fr\.txt"):
         load_translator(model_dir, source_lang="en", target_lang="fr")
 
 
 def test_command_line_error_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.StringIO(""))
-    assert main([str(tmp_path / "nowhere")]) == 2
+    assert run_main(main, [str(tmp_path / "nowhere")], PROG) == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error:") and "nowhere" in err and "\n" not in err
+    assert err.startswith("vaswani-translate: error:") and "nowhere" in err and "\n" not in err
 
 
 def test_subword_nmt_codec_round_trip(tmp_path):
@@ -147,11 +149,30 @@ def test_subword_nmt_codec_round_trip(tmp_path):
     codes = tmp_path / "bpecodes"
     with open(corpus, encoding="utf-8") as fin, open(codes, "w", encoding="utf-8") as fout:
         learn_bpe(fin, fout, 200)
-    codec = TextCodec("en", "en", moses=True, bpe_codes=codes)
+    codec = TextPipeline.from_files("en", "en", moses=True, bpe_codes=codes)
     sentence = "Several men in hard hats are operating a giant pulley system."
     encoded = codec.encode(sentence)
     assert "@@" in encoded and encoded.endswith(".")
     assert codec.decode(encoded) == sentence
+    shipped = codec.named_model("bpecodes.shipped")
+    assert type(shipped) is TextPipeline and shipped.subword_model == "bpecodes.shipped"
+    assert shipped.model_path == codes and shipped.encode(sentence) == encoded
+
+
+def test_a_pipeline_given_by_files_is_a_text_pipeline(tmp_path):
+    """A pipeline of text prepared by hand is a plain TextPipeline: every method works on it,
+    renaming its model for an export and writing its record included."""
+    moses = TextPipeline.from_files("en", "de", moses=True)
+    renamed = moses.named_model("x")
+    assert type(renamed) is TextPipeline and renamed.subword_model == "x"
+    assert renamed.moses_tokenize and not renamed.normalize_punctuation
+    assert renamed.encode("A dog, running.") == "A dog , running ."
+    record = TextPipeline.load(moses.write(tmp_path))
+    assert record == moses and record.subword == "none"
+    with pytest.raises(ArtifactError, match="not both"):
+        TextPipeline.from_files("en", "de", moses=True, bpe_codes="a", sentencepiece_model="b")
+    with pytest.raises(ArtifactError, match="no such bpe model file"):
+        TextPipeline.from_files("en", "de", moses=True, bpe_codes=tmp_path / "absent")
 
 
 def test_sentencepiece_codec_round_trip(tmp_path):
@@ -163,7 +184,8 @@ def test_sentencepiece_codec_round_trip(tmp_path):
         sentence_iterator=iter(text), model_prefix=str(prefix), vocab_size=300,
         minloglevel=2,
     )
-    codec = TextCodec("de", "de", moses=False, sentencepiece_model=prefix.with_suffix(".model"))
+    codec = TextPipeline.from_files("de", "de", moses=False,
+                                    sentencepiece_model=prefix.with_suffix(".model"))
     sentence = text[7].strip()
     encoded = codec.encode(sentence)
     assert len(encoded.split()) > len(sentence.split())

@@ -78,7 +78,7 @@ def test_the_graph_sees_the_plugins_imports():
     graph = import_graph()
     assert "user_plugin.fairseq_patches" in graph["user_plugin.registration"]
     assert "user_plugin.models.blocks" in graph["user_plugin.models.vaswani_transformer"]
-    assert "user_plugin.safe_loading" in graph["user_plugin.files.checkpoints"]
+    assert "user_plugin.safe_loading" in graph["user_plugin.artifacts.checkpoints"]
 
 
 def test_the_cycle_finder_finds_a_cycle():

@@ -17,10 +17,10 @@ from types import SimpleNamespace
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from user_plugin.artifacts.text_pipeline import TextPipeline
 from user_plugin.commands import prepare_text, score_translation
+from user_plugin.commands.translate import read_input_lines
 from user_plugin.files import UserError, decode_lines, iter_lines, run_main, split_lines
-from user_plugin.hub.cli import read_input_lines
-from user_plugin.hub.text_codec import TextCodec
 
 #: Characters that some reader or other takes for a line end, and tabs and byte-order marks.
 SPECIALS = ["\r", "\r\r", "\u2028", "\u2029", "\x85", "\x0c", "\x0b", "\x1c", "\x1d", "\x1e",
@@ -91,7 +91,7 @@ def test_hub_reads_and_encodes_one_sentence_per_line(noise):
     data = ("\n".join(lines) + "\n").encode("utf-8")
     assert read_input_lines(SimpleNamespace(buffer=io.BytesIO(data))) == as_read(lines)
     assert read_input_lines(io.StringIO(data.decode("utf-8"))) == as_read(lines)
-    codec = TextCodec("en", "de", moses=True)
+    codec = TextPipeline.from_files("en", "de", moses=True)
     encoded = [codec.encode(line) for line in lines]
     assert_aligned(encoded, len(lines))
     decoded = [codec.decode(line) for line in encoded]

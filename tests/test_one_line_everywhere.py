@@ -136,7 +136,8 @@ def test_the_exception_hook_turns_only_what_the_plugin_recognises_into_one_line(
     its traceback, even a ValueError."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     script = tmp_path / "tool.py"
-    header = "from user_plugin.files import InvalidValue, install_one_line_errors\n" \
+    header = "from user_plugin.fairseq_patches.one_line_errors import install_one_line_errors\n" \
+             "from user_plugin.files import InvalidValue\n" \
              "install_one_line_errors()\n"
     for body, status, expected in [
         ("raise InvalidValue('--beam must be >= 1, got 0')", 1,
@@ -160,8 +161,8 @@ def test_an_interrupted_training_says_which_checkpoint_a_rerun_resumes_from(trai
     """Ctrl-C (SIGINT) in a real fairseq-train once a checkpoint is saved (before: a
     KeyboardInterrupt traceback): one line naming the last checkpoint and its update, which is
     intact; the interpreter ends by SIGINT, as the shell expects (status 130)."""
-    from user_plugin.files.checkpoints import checkpoint_file_problem
-    from user_plugin.training_run import num_updates, read_metadata
+    from user_plugin.artifacts.checkpoints import checkpoint_file_problem
+    from user_plugin.fairseq_patches.save_directory import num_updates, read_metadata
 
     save_dir = tmp_path / "checkpoints"
     args = train_into(trained_multi30k, save_dir)

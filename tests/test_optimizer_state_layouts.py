@@ -29,7 +29,7 @@ import pytest
 import torch
 from cli import PAPER_OPTIMIZATION_ARGS, USER_DIR, fairseq_env, json_log_records, run_fairseq
 
-from user_plugin.files.checkpoints import save_checkpoint
+from user_plugin.artifacts.checkpoints import save_checkpoint
 from user_plugin.files.errors import UserError
 
 MODEL_ARGS = [
@@ -41,7 +41,7 @@ MODEL_ARGS = [
 ]
 RUN_ARGS = ["--cpu", "--seed", "1", *PAPER_OPTIMIZATION_ARGS, "--warmup-updates", "40",
             "--max-tokens", "1000", "--required-batch-size-multiple", "1"]
-CONVERTED = "user_plugin.optimizers.state_layouts"
+CONVERTED = "user_plugin.fairseq_patches.optimizer_state"
 
 
 def train_args(data_bin, save_dir, max_update: int, *flags) -> list:
@@ -245,6 +245,7 @@ def fp16_wrapper_checkpoint(autocast_checkpoint, tmp_path, wrapper: str):
     optimizer_state["loss_scale"] = 32.0
     state["last_optimizer_state"] = optimizer_state
     save_dir = fresh_copy(autocast_checkpoint, tmp_path, wrapper)
+    # written as the wrapper's run would have saved its own state over the copied one
     save_checkpoint(state, save_dir / "checkpoint_last.pt", training_save=True)
     return save_dir, state
 
@@ -332,7 +333,7 @@ def test_a_state_that_does_not_fit_the_model_is_one_line(autocast_checkpoint, tm
     group = state["last_optimizer_state"]["param_groups"][0]
     group["params"] = group["params"][:-1]
     path = tmp_path / "checkpoint_last.pt"
-    save_checkpoint(state, path, training_save=True)
+    save_checkpoint(state, path)
     made = trainer_for(autocast_checkpoint.data_bin, "--bf16")
     with pytest.raises(UserError, match=r"it holds state for \d+ tensors, this model has \d+ "
                        r"parameter tensors; add --reset-optimizer .*, or resume with "

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from cli import PAPER_OPTIMIZATION_ARGS, USER_DIR, run_fairseq
 
-from user_plugin.progress import (
+from user_plugin.fairseq_patches.progress import (
     ProgressClock,
     ProgressEstimate,
     format_duration,

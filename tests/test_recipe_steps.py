@@ -19,7 +19,7 @@ from conftest import REPO
 from user_plugin import recipe_steps as steps
 from user_plugin.commands import recipe_step
 from user_plugin.files import run_main
-from user_plugin.training_run import LOCK_NAME
+from user_plugin.files.training_state import TRAINING_LOCK
 
 CONFIG = "v1 en-de arch=tiny max_update=6 warmup=4 extra=--dropout 0.1"
 
@@ -229,7 +229,7 @@ def test_restart_empties_a_directory_but_never_one_a_live_training_holds(tmp_pat
     directory = tmp_path / "checkpoints"
     directory.mkdir()
     (directory / "checkpoint_last.pt").write_bytes(b"kept")
-    lock = directory / LOCK_NAME
+    lock = directory / TRAINING_LOCK
     lock.write_text("pid 4242 on somewhere, started earlier, fairseq-train\n")
     handle = os.open(lock, os.O_RDWR)
     fcntl.flock(handle, fcntl.LOCK_EX)
@@ -455,7 +455,7 @@ def test_the_shell_layer_is_thin_and_the_lock_name_is_defined_once():
     assert common.count("\n") <= 250
     for word in ("sha256sum", "flock", "awk", "rm -rf"):
         assert word not in common, word
-    shell = [p for p in (REPO / "recipes").rglob("*.sh") if LOCK_NAME in p.read_text()]
+    shell = [p for p in (REPO / "recipes").rglob("*.sh") if TRAINING_LOCK in p.read_text()]
     python = [p for p in (REPO / "user_plugin").rglob("*.py")
-              if f'"{LOCK_NAME}"' in p.read_text(encoding="utf-8")]
+              if f'"{TRAINING_LOCK}"' in p.read_text(encoding="utf-8")]
     assert shell == [] and [p.name for p in python] == ["training_state.py"]

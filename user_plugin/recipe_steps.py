@@ -22,7 +22,8 @@ A step is done when ``.done`` exists (and no ``.started`` continues it), its set
 same, every upstream input has the identity recorded (so a directory of finished steps can be
 moved or copied and stays finished, while an input redone or edited in place is noticed) and
 every output has its recorded size. Otherwise it is redone from scratch: its directory is
-emptied first, unless a live training run holds it (the lock of :mod:`user_plugin.training_run`).
+emptied first, unless a live training run holds it (the lock of
+:mod:`user_plugin.fairseq_patches.save_directory`).
 
 Training is the exception, because its work is costly (:func:`begin_training`). A finished or
 interrupted run is continued when only its growing setting (``max_update``) is raised; a
@@ -48,7 +49,7 @@ from pathlib import Path
 from .artifacts.digests import sha256_of
 from .files.atomic import atomic_write
 from .files.errors import UserError, file_error
-from .training_run import LOCK_NAME
+from .files.training_state import TRAINING_LOCK
 
 DONE = ".done"
 STARTED = ".started"
@@ -326,9 +327,9 @@ def continue_problem(directory: Path, config: str, upstreams: Sequence[str]) -> 
 
 def live_holder(directory: Path) -> str | None:
     """The holder's line when a live training run holds ``directory`` (its lock file,
-    :data:`~user_plugin.training_run.LOCK_NAME`, is locked), else None."""
+    :data:`~user_plugin.files.training_state.TRAINING_LOCK`, is locked), else None."""
     try:
-        handle = os.open(directory / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
+        handle = os.open(directory / TRAINING_LOCK, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:

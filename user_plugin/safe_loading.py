@@ -3,7 +3,7 @@
 Since torch 2.6, ``torch.load`` refuses to unpickle anything but tensors and plain containers
 unless the type is allow-listed. fairseq's loaders do not pass ``weights_only``, so a checkpoint
 holding, say, a numpy scalar from ``--eval-bleu`` meters fails to load in ``fairseq-generate``.
-This module imports nothing of the plugin, so that low-level readers (``files.checkpoints``)
+This module imports nothing of the plugin, so that low-level readers (``artifacts.checkpoints``)
 can use it.
 
 Rather than switching safe loading off (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``), this module

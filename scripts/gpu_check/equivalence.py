@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 import user_plugin.registration  # noqa: E402,F401  (registers the model, safe loading)
-from user_plugin.builtin_transformer import (  # noqa: E402
+from user_plugin.artifacts.builtin_transformer import (  # noqa: E402
     OurPositionsForFairseq,
     build_fairseq_transformer,
     copy_fairseq_weights_into_ours,

@@ -2,12 +2,17 @@
 (neither imports the other).
 
 Modules: :mod:`.errors` (:class:`ArtifactError`, the one error type), :mod:`.digests` (sha256
-identity), :mod:`.text_pipeline` (:class:`TextPipeline`, raw text <-> model tokens, and its
-record), :mod:`.model_files` (a model directory's checkpoints, dictionaries, subword model,
-language pair), :mod:`.checkpoints` (reading checkpoints and building their task and models),
-:mod:`.manifest` (an export directory's manifest: every file's size and sha256, checked
-before use), :mod:`.ctranslate2_layout` (a CTranslate2 export directory),
-:mod:`.transformers_layout` (the files of a Hugging Face transformers export).
+identity), :mod:`.checkpoints` (reading, CRC verification and atomic writing of checkpoints, and
+building a checkpoint's task and models), :mod:`.fingerprint` (the training fingerprint a
+checkpoint carries, and the identity of its parameters by content), :mod:`.averaging` (the mean
+of the last checkpoints, §6.1), :mod:`.builtin_transformer` (our model <-> fairseq's
+``transformer``: parameter names, options, conversion), :mod:`.our_model` (our model and task
+read back from a checkpoint, for every exporter), :mod:`.text_pipeline` (:class:`TextPipeline`,
+raw text <-> model tokens, and its record), :mod:`.model_files` (a model directory's
+checkpoints, dictionaries, subword model, language pair), :mod:`.manifest` (an export
+directory's manifest: every file's size and sha256, checked before use),
+:mod:`.ctranslate2_layout` (a CTranslate2 export directory), :mod:`.transformers_layout` (the
+files of a Hugging Face transformers export).
 
 Importing this package is cheap; the modules import torch and fairseq where they need them.
 """

@@ -148,6 +148,27 @@ class TextPipeline:
             subword_model_sha256=None if path is None else sha256_of(path), model_path=path,
         )
 
+    @classmethod
+    def from_files(cls, source_lang: str, target_lang: str, moses: bool,
+                   bpe_codes: str | os.PathLike | None = None,
+                   sentencepiece_model: str | os.PathLike | None = None) -> TextPipeline:
+        """The pipeline of text prepared by hand, given by its files rather than by a record:
+        NFC, Moses tokenization when ``moses`` (no punctuation normalization, no dash
+        splitting, no escaping), and the subword model given (subword-nmt codes or a
+        SentencePiece model, read now so that a malformed file fails here, naming it). Models
+        trained by the recipes carry their own record instead."""
+        if bpe_codes is not None and sentencepiece_model is not None:
+            raise ArtifactError("give either BPE codes or a SentencePiece model, not both")
+        subword = ("bpe" if bpe_codes is not None else
+                   "sentencepiece" if sentencepiece_model is not None else "none")
+        pipeline = cls(source_lang, target_lang, unicode_normalization=DEFAULT_NORMALIZATION,
+                       normalize_punctuation=False, moses_tokenize=moses,
+                       aggressive_dash_splits=False, subword=subword)
+        given = bpe_codes if bpe_codes is not None else sentencepiece_model
+        if given is None:
+            return pipeline
+        return pipeline.with_model_file(given).open_subword_model()
+
     def with_model_file(self, path: str | os.PathLike) -> TextPipeline:
         """This pipeline with its subword model at ``path`` (checked against the recorded
         sha256 when there is one)."""

@@ -22,17 +22,18 @@ command                    module
 ``vaswani-prepare-trees``  :mod:`.prepare_trees`: Penn Treebank preparation (§6.3)
 ``vaswani-parse-eval``     :mod:`.parse_eval`: EVALB-compatible bracket scoring (§6.3)
 ``vaswani-step``           :mod:`.recipe_step`: the recipes' step engine (records, restarts)
-``vaswani-export``         :mod:`user_plugin.export.cli`: fairseq / CTranslate2 exports
-``vaswani-translate``      :mod:`user_plugin.hub.cli`: translate stdin with a model dir
+``vaswani-export``         :mod:`.export`: fairseq / CTranslate2 / transformers exports
+``vaswani-translate``      :mod:`.translate`: translate stdin with a model dir
 ``vaswani-serve``          :mod:`.serve`: an HTTP translation service (dynamic batching)
 =========================  ================================================================
 
 Importing the package installs the project's one-line exception hook
-(:func:`~user_plugin.files.known_errors.install_one_line_errors`), so that an interrupt (Ctrl-C)
-or an error while a command is still loading its libraries (torch and fairseq take seconds) is
-one line too, as it is once the command runs (:func:`~user_plugin.files.errors.run_main`).
+(:func:`~user_plugin.fairseq_patches.one_line_errors.install_one_line_errors`), so that an
+interrupt (Ctrl-C) or an error while a command is still loading its libraries (torch and fairseq
+take seconds) is one line too, as it is once the command runs
+(:func:`~user_plugin.files.errors.run_main`).
 """
 
-from ..files.known_errors import install_one_line_errors
+from ..fairseq_patches.one_line_errors import install_one_line_errors
 
 install_one_line_errors()

@@ -37,11 +37,11 @@ from pathlib import Path
 # Logging set up before fairseq is imported (see user_plugin.files).
 logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
 
+from user_plugin.artifacts.checkpoints import read_checkpoint  # noqa: E402
 from user_plugin.files import (  # noqa: E402
     UserError,
     atomic_write_text,
     console_script,
-    read_checkpoint,
     read_lines,
     refuse_input_clash,
 )

@@ -74,7 +74,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def load(args: argparse.Namespace):
     """The translator of ``--model-dir`` or ``--checkpoint``; a bad file is a
-    :class:`~user_plugin.hub.HubError`, one line naming it."""
+    :class:`~user_plugin.artifacts.errors.ArtifactError`, one line naming it."""
     from user_plugin.hub import load_translator
 
     if args.model_dir is not None:

@@ -24,6 +24,7 @@ from omegaconf import II
 from torch import Tensor
 
 from ..files.errors import InvalidValue
+from ..paper import LABEL_SMOOTHING
 from .fused_projection_loss import fused_projection_label_smoothed_loss
 from .label_smoothing import logit_gradient_, smoothing_coefficients
 
@@ -33,7 +34,8 @@ CRITERION_NAME = "vaswani_label_smoothed_cross_entropy"
 @dataclass
 class LabelSmoothedCrossEntropyConfig(FairseqDataclass):
     label_smoothing: float = field(
-        default=0.1, metadata={"help": "epsilon_ls, the label smoothing value (paper: 0.1)"}
+        default=LABEL_SMOOTHING,
+        metadata={"help": f"epsilon_ls, the label smoothing value (paper: {LABEL_SMOOTHING})"},
     )
     report_accuracy: bool = field(
         default=False, metadata={"help": "also log token accuracy"}

@@ -1,6 +1,6 @@
 """Shipping a trained model: export to stock fairseq, CTranslate2 and Hugging Face transformers.
 
-``python -m user_plugin.export CHECKPOINT --data-dir DATA_BIN --to fairseq --output OUT.pt``
+``vaswani-export CHECKPOINT --data-dir DATA_BIN --to fairseq --output OUT.pt``
 writes a checkpoint of fairseq's own ``transformer`` (:mod:`.fairseq_checkpoint`), which stock
 ``fairseq-generate`` loads without ``--user-dir``; ``--to ctranslate2 --output DIR
 [--quantization int8]`` writes a CTranslate2 model directory that the hub's ``ctranslate2``
@@ -10,7 +10,7 @@ Every export carries the model's text pipeline record, and the directory exports
 whole by :mod:`.export_directory` (staged, described by a manifest, checked, moved into place).
 The files these write and read are described in :mod:`user_plugin.artifacts`, which the hub
 uses too. The command line is
-:mod:`.cli`; docs/export.md has the details and measurements.
+:mod:`user_plugin.commands.export`; docs/export.md has the details and measurements.
 
 Importing this package is cheap; the modules import torch and fairseq.
 """

@@ -1,7 +1,8 @@
-"""``python -m user_plugin.export``: see :mod:`user_plugin.export.cli`."""
+"""``python -m user_plugin.export``: the ``vaswani-export`` command
+(:mod:`user_plugin.commands.export`)."""
 
 import sys
 
-from .cli import main
+from ..commands.export import cli_main
 
-sys.exit(main())
+sys.exit(cli_main())

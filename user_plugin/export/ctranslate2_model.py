@@ -5,12 +5,13 @@ own ``ct2-fairseq-converter`` cannot read our checkpoints (it accepts only fairs
 names and reads ``cfg`` as an argparse namespace), nor the safely loadable export of
 :mod:`.fairseq_checkpoint` (its loader expects ``cfg.model`` to be that namespace too). Only that
 loading step is replaced here: the model is the built-in ``transformer`` that the fairseq export
-writes (:func:`~.fairseq_checkpoint.to_builtin_transformer`, same weights, our §3.5 table as
-learned positions), the specification is CTranslate2's ``TransformerSpec.from_config``, and its
-weights are filled by CTranslate2's own fairseq converter functions
-(``set_transformer_encoder``/``set_transformer_decoder``), so the weight layout is the one
-CTranslate2 maintains for fairseq models. Special tokens are set as that converter sets them:
-decoding starts with EOS (fairseq's convention) and the source gets an EOS appended.
+writes (:func:`~user_plugin.artifacts.builtin_transformer.to_builtin_transformer`, same
+weights, our §3.5 table as learned positions), the specification is CTranslate2's
+``TransformerSpec.from_config``, and its weights are filled by CTranslate2's own fairseq
+converter functions (``set_transformer_encoder``/``set_transformer_decoder``), so the weight
+layout is the one CTranslate2 maintains for fairseq models. Special tokens are set as that
+converter sets them: decoding starts with EOS (fairseq's convention) and the source gets an EOS
+appended.
 
 The directory holds CTranslate2's files (``model.bin``, ``config.json``, the vocabularies), the
 text pipeline's subword model (subword-nmt codes as ``bpecodes``, or a SentencePiece model as
@@ -25,25 +26,25 @@ equal our model's), then moved into place.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from ..artifacts.builtin_transformer import to_builtin_transformer
 from ..artifacts.ctranslate2_layout import (
     FORMAT,
     check_export_directory,
     ctranslate2_vocabulary,
     require_ctranslate2,
 )
-from ..artifacts.errors import ArtifactError as ExportError
+from ..artifacts.errors import ArtifactError
+from ..artifacts.our_model import load_our_model, probe_batch
 from ..artifacts.text_pipeline import SHIPPED_MODEL_NAMES
 from ..files.errors import UserError
 from ..paper import BEAM, LENPEN, MAX_LEN_OVER_SOURCE
-from .export_directory import refuse_foreign_output, write_export
-from .fairseq_checkpoint import load_our_model, probe_batch, to_builtin_transformer
+from .export_directory import ExportedDirectory, refuse_foreign_output, write_export
 
 #: Largest difference between our model's and the float32 CTranslate2 model's token
 #: log-probabilities on the verification batch (different GEMM kernels, same float32).
@@ -52,7 +53,7 @@ VERIFY_TOLERANCE = 1e-3
 
 def transformer_spec(theirs: nn.Module, task: Any):
     """CTranslate2's ``TransformerSpec`` of fairseq's built-in ``transformer`` ``theirs``, its
-    weights set by CTranslate2's fairseq converter functions; an :class:`ExportError` for
+    weights set by CTranslate2's fairseq converter functions; an :class:`ArtifactError` for
     what the specification cannot express."""
     require_ctranslate2()
     from ctranslate2.converters import fairseq as ct2_fairseq
@@ -71,18 +72,18 @@ def transformer_spec(theirs: nn.Module, task: Any):
     }
     for option, used in unsupported.items():
         if used:
-            raise ExportError(f"CTranslate2's Transformer has no {option}")
+            raise ArtifactError(f"CTranslate2's Transformer has no {option}")
     if cfg.encoder.normalize_before != cfg.decoder.normalize_before:
-        raise ExportError("CTranslate2 needs --encoder-normalize-before and "
+        raise ArtifactError("CTranslate2 needs --encoder-normalize-before and "
                           "--decoder-normalize-before to be the same")
     if cfg.encoder.attention_heads != cfg.decoder.attention_heads:
-        raise ExportError("CTranslate2 needs --encoder-attention-heads and "
+        raise ArtifactError("CTranslate2 needs --encoder-attention-heads and "
                           "--decoder-attention-heads to be the same")
     # fairseq's activation names -> CTranslate2's, as its fairseq converter maps them
     activations = ct2_fairseq._SUPPORTED_ACTIVATIONS
     activation = str(cfg.activation_fn)
     if activation not in activations:
-        raise ExportError(f"CTranslate2 has no activation {activation!r} "
+        raise ArtifactError(f"CTranslate2 has no activation {activation!r} "
                           f"(it has {', '.join(activations)})")
     spec = ct2_transformer.TransformerSpec.from_config(
         (len(encoder.layers), len(decoder.layers)), cfg.encoder.attention_heads,
@@ -119,24 +120,10 @@ def max_score_difference(ours: nn.Module, task: Any, directory: Path) -> float:
     for row, result in enumerate(scored):
         theirs = torch.tensor(result.log_probs)
         if theirs.numel() != target.size(1):
-            raise ExportError(f"CTranslate2 scored {theirs.numel()} tokens, expected "
+            raise ArtifactError(f"CTranslate2 scored {theirs.numel()} tokens, expected "
                               f"{target.size(1)}")
         difference = max(difference, float((theirs - ours_lp[row, :, 0]).abs().max()))
     return difference
-
-
-@dataclass
-class ExportedDirectory:
-    """What :func:`export_ctranslate2` wrote."""
-
-    directory: Path
-    manifest: dict
-
-    def summary(self) -> str:
-        subword = self.manifest["bpe_codes"] or self.manifest["sentencepiece_model"] or "none"
-        return (f"{self.manifest['quantization']}, {self.manifest['source_lang']}->"
-                f"{self.manifest['target_lang']}, subword model: {subword}; translate with "
-                f"python -m user_plugin.hub {self.directory} --backend ctranslate2")
 
 
 def export_ctranslate2(
@@ -191,13 +178,18 @@ def export_ctranslate2(
             spec.optimize(quantization=quantization)
             spec.save(str(model_dir))
         except (ValueError, RuntimeError, NotImplementedError) as error:
-            raise ExportError(f"CTranslate2 refused the model: {error}") from None
+            raise ArtifactError(f"CTranslate2 refused the model: {error}") from None
         pipeline.ship(model_dir)
         difference = max_score_difference(ours, task, model_dir)
         manifest["verified_max_logprob_difference"] = difference
         if quantization == "float32" and not difference <= VERIFY_TOLERANCE:
-            raise ExportError(f"the CTranslate2 model's log-probabilities differ from ours by "
+            raise ArtifactError(f"the CTranslate2 model's log-probabilities differ from ours by "
                               f"{difference:.2e} (more than {VERIFY_TOLERANCE})")
 
     write_export(output, "ctranslate2", manifest, fill, check_export_directory)
-    return ExportedDirectory(output, manifest)
+    subword = manifest["bpe_codes"] or manifest["sentencepiece_model"] or "none"
+    return ExportedDirectory(
+        output, manifest,
+        f"CTranslate2 model ({manifest['quantization']}, {manifest['source_lang']}->"
+        f"{manifest['target_lang']}, subword model: {subword}; translate with "
+        f"vaswani-translate {output} --backend ctranslate2)")

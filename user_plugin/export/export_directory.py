@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -20,6 +21,16 @@ from ..artifacts.errors import ArtifactError
 from ..artifacts.manifest import MANIFEST, TITLES, file_records
 from ..files.atomic import atomic_write_text, make_temp_dir
 from ..files.errors import file_error, note_written, os_error_of
+
+
+@dataclass(frozen=True)
+class ExportedDirectory:
+    """What a directory exporter (CTranslate2, transformers) wrote: the directory, its manifest,
+    and one line saying what it holds and how to use it."""
+
+    directory: Path
+    manifest: dict
+    summary: str
 
 
 def refuse_foreign_output(output: Path, kind: str) -> None:

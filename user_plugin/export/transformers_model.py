@@ -21,10 +21,11 @@ Two classes hold the paper's post-norm Transformer (§3.1) exactly:
   the id agreement).
 
 Both get the weights of fairseq's built-in ``transformer`` that the fairseq export builds
-(:func:`~.fairseq_checkpoint.to_builtin_transformer`), the special ids of fairseq's dictionaries
-(pad 1, EOS 2 also starting the decoder), and the paper's beam size in ``generation_config``.
-Every export also carries the exact tokenization route (the text pipeline record, its subword
-model and our vocabularies: :class:`~user_plugin.artifacts.transformers_layout.ExportTokenizer`).
+(:func:`~user_plugin.artifacts.builtin_transformer.to_builtin_transformer`), the special ids of
+fairseq's dictionaries (pad 1, EOS 2 also starting the decoder), and the paper's beam size in
+``generation_config``. Every export also carries the exact tokenization route (the text
+pipeline record, its subword model and our vocabularies:
+:class:`~user_plugin.artifacts.transformers_layout.ExportTokenizer`).
 
 Refused with one line and nothing written: pre-norm models and the options Marian and FSMT lack
 (no positions, layer norm on embeddings, cross-self-attention, adaptive softmax, a decoder
@@ -39,14 +40,15 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from ..artifacts.builtin_transformer import to_builtin_transformer
 from ..artifacts.errors import ArtifactError
+from ..artifacts.our_model import load_our_model, probe_batch
 from ..artifacts.text_pipeline import TextPipeline
 from ..artifacts.transformers_layout import (
     FORMAT,
@@ -56,8 +58,7 @@ from ..artifacts.transformers_layout import (
     require_transformers,
 )
 from ..paper import BEAM, LENPEN
-from .export_directory import refuse_foreign_output, write_export
-from .fairseq_checkpoint import load_our_model, probe_batch, to_builtin_transformer
+from .export_directory import ExportedDirectory, refuse_foreign_output, write_export
 
 #: Largest difference allowed between our and the exported model's log-probabilities.
 VERIFY_TOLERANCE = 1e-4
@@ -341,19 +342,6 @@ def write_fsmt_tokenizer(directory: Path, pipeline: TextPipeline, task: Any) -> 
     tokenizer.save_pretrained(str(directory))
 
 
-@dataclass
-class TransformersExport:
-    """What :func:`export_transformers` wrote."""
-
-    directory: Path
-    manifest: dict
-
-    def summary(self) -> str:
-        return (f"{self.manifest['model_class']} + {self.manifest['tokenizer_class']}, "
-                f"{self.manifest['source_lang']}->{self.manifest['target_lang']}; load with "
-                f"AutoModelForSeq2SeqLM.from_pretrained({str(self.directory)!r})")
-
-
 def export_transformers(
     checkpoint: str | os.PathLike,
     data_dir: str | os.PathLike,
@@ -363,7 +351,7 @@ def export_transformers(
     bpe_codes: str | os.PathLike | None = None,
     sentencepiece_model: str | os.PathLike | None = None,
     moses: bool | None = None,
-) -> TransformersExport:
+) -> ExportedDirectory:
     """Write the transformers model directory ``output`` of our ``checkpoint`` (dictionaries
     in ``data_dir``): Marian or FSMT (module docstring), its tokenizer, the text pipeline and
     :data:`MANIFEST`. Verified and moved into place whole; one-line error, nothing written."""
@@ -416,4 +404,8 @@ def export_transformers(
         manifest["verified_max_logprob_difference"] = difference
 
     write_export(output, "transformers", manifest, fill, check_transformers_export)
-    return TransformersExport(output, manifest)
+    return ExportedDirectory(
+        output, manifest,
+        f"{manifest['model_class']} + {manifest['tokenizer_class']}, {manifest['source_lang']}->"
+        f"{manifest['target_lang']}; load with AutoModelForSeq2SeqLM.from_pretrained("
+        f"{str(output)!r})")

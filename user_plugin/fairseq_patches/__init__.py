@@ -1,12 +1,17 @@
-"""Every change the plugin makes to fairseq (and to the process) when it loads: one table.
+"""Every change the plugin makes to fairseq (and to the process) when it loads: one table, and
+the code of every replacement it installs.
 
 Loading ``--user-dir user_plugin`` replaces a few attributes of fairseq's modules and classes
 (and ``sys.excepthook``), in the whole process: they fix fairseq 0.12 bugs met on this stack or
 add what a training run needs (atomic checkpoint copies, verified resumes, progress lines).
-Each row of :data:`PATCHES` names one patch: the attributes it replaces, what it fixes or adds
+Each row of :data:`PATCHES` names one patch: the attributes it replaces, the replacement (by an
+ordinary import, so the import graph shows what each row depends on), what it fixes or adds
 with the failure observed without it, and the fairseq versions it was checked against. The
-code of each replacement lives with its subject (``training_run``, ``precision``...); this
-package only installs and removes them. ``python -m user_plugin.fairseq_patches`` lists them.
+replacements live in this package, one module per subject: :mod:`.save_directory` (the
+training run's save directory and the checkpoints fairseq reads), :mod:`.checkpoint_copy`,
+:mod:`.precision`, :mod:`.optimizer_state`, :mod:`.progress`, :mod:`.decoding`,
+:mod:`.one_line_errors`. Nothing outside this package replaces an attribute of fairseq.
+``python -m user_plugin.fairseq_patches`` lists the rows.
 
 **Turning them off.** The environment variable ``VASWANI_FAIRSEQ_PATCHES`` (read by
 :func:`install`):
@@ -33,6 +38,7 @@ registrations go into fairseq's registries.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import logging
@@ -40,6 +46,18 @@ import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from . import (
+    checkpoint_copy,
+    decoding,
+    one_line_errors,
+    optimizer_state,
+    precision,
+    progress,
+    save_directory,
+    scope,
+)
+from .scope import EVERY_RUN, OUR_RUNS
 
 logger = logging.getLogger(__name__)
 
@@ -54,9 +72,13 @@ FAIRSEQ_0_12 = ("0.12.3.1",)
 class Replacement:
     """One attribute a patch replaces.
 
-    ``target`` is ``"module:attribute.path"`` (``"fairseq.trainer:Trainer.train_step"``).
-    ``new`` is ``"module:name"`` of the replacement; with ``wraps`` it is called with fairseq's
-    original and returns the replacement, otherwise it is the replacement itself.
+    ``target`` is ``"module:attribute.path"`` of fairseq's attribute
+    (``"fairseq.trainer:Trainer.train_step"``: a name, since a fairseq version may lack it).
+    ``new`` is the replacement; with ``wraps`` it is called with fairseq's original and returns
+    the replacement, otherwise it is the replacement itself.
+    ``ours``: for a row scoped to our runs, how a call tells whose run it belongs to (one of
+    :mod:`.scope`'s functions, called with the call's arguments): the replacement runs when it
+    answers True, fairseq's original otherwise.
     ``where_loaded``: the target's module is never imported for the patch, only patched where
     it already runs (a ``fairseq_cli`` command's own module, which ``python -m`` runs as
     ``__main__``, loads the plugin from its ``main``); elsewhere the patch has nothing to
@@ -64,7 +86,8 @@ class Replacement:
     """
 
     target: str
-    new: str
+    new: Callable[..., Any]
+    ours: Optional[Callable[..., bool]] = None
     wraps: bool = True
     where_loaded: bool = False
 
@@ -73,184 +96,211 @@ class Replacement:
         """The target as ``module.attribute`` (``fairseq.trainer.Trainer.train_step``)."""
         return self.target.replace(":", ".")
 
+    @property
+    def replacement(self) -> str:
+        """Where the replacement is defined (``module.name``)."""
+        return f"{self.new.__module__}.{self.new.__qualname__}"
+
+    @property
+    def decided_by(self) -> Optional[str]:
+        """What tells a call of one of our runs from another run's, in words; None for a row
+        of every run."""
+        return None if self.ours is None else getattr(self.ours, "told_by", self.ours.__name__)
+
 
 @dataclass(frozen=True)
 class Patch:
     """One row of the table: a name, what it replaces, what it fixes or adds (with the failure
-    observed without it), and the fairseq versions it was checked against."""
+    observed without it), the runs it applies to (:data:`~.scope.OUR_RUNS` or
+    :data:`~.scope.EVERY_RUN`) and the fairseq versions it was checked against."""
 
     name: str
     replaces: Tuple[Replacement, ...]
     fixes: str
+    scope: str
     checked: Tuple[str, ...] = FAIRSEQ_0_12
 
+    def __post_init__(self) -> None:
+        if self.scope not in (OUR_RUNS, EVERY_RUN):
+            raise ValueError(f"patch {self.name}: scope must be {OUR_RUNS!r} or {EVERY_RUN!r}")
+        if any((r.ours is None) == (self.scope == OUR_RUNS) for r in self.replaces):
+            raise ValueError(f"patch {self.name}: a row of {OUR_RUNS} says, for each attribute, "
+                             "how a call tells whose run it is (and only such a row)")
 
-def _one(target: str, new: str, wraps: bool = True,
-         where_loaded: bool = False) -> Tuple[Replacement, ...]:
-    return (Replacement(target, new, wraps, where_loaded),)
+
+def _one(target: str, new: Callable[..., Any], ours: Optional[Callable[..., bool]] = None,
+         wraps: bool = True, where_loaded: bool = False) -> Tuple[Replacement, ...]:
+    return (Replacement(target, new, ours, wraps, where_loaded),)
 
 
 _CHECKPOINTS = "fairseq.checkpoint_utils"
-_RUN = "user_plugin.training_run"
-_DECODING = "user_plugin.generation.fairseq_fixes"
-_PRECISION = "user_plugin.precision"
+_TRAINER = "fairseq.trainer:Trainer"
 
 PATCHES: Tuple[Patch, ...] = (
     Patch(
         "atomic_checkpoint_copy",
-        _one(f"{_CHECKPOINTS}:PathManager",
-             "user_plugin.atomic_checkpoint_copy:atomic_copy_path_manager"),
+        _one(f"{_CHECKPOINTS}:save_checkpoint", checkpoint_copy.saving_with_atomic_copies,
+             scope.trainer_argument),
         "checkpoint_last.pt / checkpoint_best.pt are copied atomically; fairseq's plain copy "
         "killed mid-way left a truncated checkpoint_last.pt that the next run failed to resume "
         "from (docs/faults.md)",
+        OUR_RUNS,
     ),
     Patch(
         "save_dir_lock",
-        _one(f"{_CHECKPOINTS}:verify_checkpoint_directory",
-             f"{_RUN}:_locking_verify_checkpoint_directory"),
+        _one("fairseq_cli.train:main", save_directory.locking_train_main, scope.configuration,
+             where_loaded=True),
         "one writer per --save-dir: a second fairseq-train on a directory a live run uses stops "
         "with one line naming the holder, before writing anything (fairseq alone has no lock)",
+        OUR_RUNS,
     ),
     Patch(
         "resume_plan",
-        _one(f"{_CHECKPOINTS}:load_checkpoint", f"{_RUN}:_guarded_load_checkpoint"),
+        _one(f"{_CHECKPOINTS}:load_checkpoint", save_directory.guarded_load_checkpoint,
+             scope.trainer_argument),
         "a rerun of a finished run changes nothing (fairseq alone trains update max+1 and "
         "overwrites checkpoint_last.pt); a damaged checkpoint_last.pt resumes from the newest "
         "intact checkpoint (fairseq alone resumes from garbage); partial files of killed saves "
-        "are removed (docs/faults.md)",
+        "are removed; the lock is taken here too where the command did not take it (a spawned "
+        "rank 0) (docs/faults.md)",
+        OUR_RUNS,
     ),
     Patch(
         "one_line_checkpoint_save",
         _one(f"{_CHECKPOINTS}:torch_persistent_save",
-             f"{_RUN}:_one_line_torch_persistent_save"),
-        "checkpoints are written atomically and a full disk is one error line (fairseq alone: "
-        "a 25-line RuntimeError from torch's zip writer, and a .tmp file left)",
+             save_directory.one_line_torch_persistent_save, scope.saved_state),
+        "checkpoints are written atomically, hold the run's training fingerprint, and a full "
+        "disk is one error line (fairseq alone: a 25-line RuntimeError from torch's zip writer, "
+        "and a .tmp file left)",
+        OUR_RUNS,
     ),
     Patch(
         "verified_checkpoint_load",
         _one(f"{_CHECKPOINTS}:load_checkpoint_to_cpu",
-             f"{_RUN}:_verifying_load_checkpoint_to_cpu"),
-        "every checkpoint fairseq reads is CRC-checked first: a truncated, damaged or foreign "
-        "file is one line naming it (fairseq alone: a torch.load traceback, or a flipped bit "
-        "loaded unnoticed)",
+             save_directory.verifying_load_checkpoint_to_cpu, scope.checkpoint_file),
+        "every checkpoint of ours that fairseq reads is CRC-checked first: a damaged file is one "
+        "line naming it (fairseq alone: a flipped bit loaded unnoticed, or a torch.load "
+        "traceback)",
+        OUR_RUNS,
+    ),
+    Patch(
+        "one_line_checkpoint_load",
+        _one(f"{_CHECKPOINTS}:load_checkpoint_to_cpu",
+             save_directory.one_line_load_checkpoint_to_cpu),
+        "a checkpoint fairseq cannot load (empty, truncated, foreign, an unknown layout) is one "
+        "line naming it and the cause (fairseq alone: a torch.load traceback)",
+        EVERY_RUN,
     ),
     Patch(
         "ensemble_fingerprints",
         _one(f"{_CHECKPOINTS}:load_model_ensemble_and_task",
-             f"{_RUN}:_checking_load_model_ensemble_and_task"),
+             save_directory.checking_load_model_ensemble_and_task, scope.ensemble),
         "checkpoints used together (fairseq-generate --path a:b, the hub, the export) must have "
         "been trained on the same data, and on the data dictionaries given, with the same "
         "architecture options: one line naming both fingerprints or the options (fairseq alone: "
         "checkpoints trained on a reordered dictionary of the same size, or with 4 and 8 heads, "
         "ensemble into garbage without a word); a copy of a checkpoint is used once",
+        OUR_RUNS,
     ),
     Patch(
         "one_line_errors",
-        _one("sys:excepthook", "user_plugin.files.known_errors:one_line_excepthook"),
+        _one("sys:excepthook", one_line_errors.one_line_excepthook),
         "the plugin's UserError reaching fairseq's entry points prints 'prog: error: ...' and "
         "exits 1, instead of a traceback, and so do fairseq's errors on bad input that "
-        "files.known_errors recognises (--max-tokens below a sentence, a missing dictionary, a "
+        "one_line_errors recognises (--max-tokens below a sentence, a missing dictionary, a "
         "checkpoint of another layout); Ctrl-C prints one line saying what was left (a training "
-        "run's last checkpoint) and ends by SIGINT; other exceptions keep the previous hook",
-    ),
-    Patch(
-        "bf16_without_tpu",
-        _one("fairseq.distributed.utils:call_main", f"{_PRECISION}:call_main_bf16_without_tpu"),
-        "--bf16 without torch_xla: fairseq turns --tpu on with it and died with \"'NoneType' "
-        "object has no attribute 'xla_device'\" (on CPU and CUDA); --tpu is turned off again "
-        "(every run: it only turns the crash into fairseq's own non-TPU path)",
+        "run's last checkpoint) and ends by SIGINT; any other exception keeps its traceback",
+        EVERY_RUN,
     ),
     Patch(
         "mixed_precision",
         (
-            Replacement("fairseq.trainer:Trainer.__init__",
-                        f"{_PRECISION}:trainer_init_mixed_precision"),
-            Replacement("fairseq.trainer:Trainer._build_optimizer",
-                        f"{_PRECISION}:trainer_build_optimizer_mixed_precision"),
-            Replacement("fairseq.trainer:Trainer._fp_convert_sample",
-                        f"{_PRECISION}:trainer_fp_convert_sample_bf16"),
-            Replacement("fairseq.trainer:Trainer.state_dict",
-                        f"{_PRECISION}:trainer_state_dict_float32_masters"),
-            Replacement("fairseq.trainer:Trainer.train_step",
-                        f"{_PRECISION}:trainer_train_step_mixed_precision"),
+            Replacement(f"{_TRAINER}.__init__", precision.trainer_init_mixed_precision,
+                        scope.trainer_construction),
+            Replacement(f"{_TRAINER}._build_optimizer",
+                        precision.trainer_build_optimizer_mixed_precision, scope.trainer_call),
+            Replacement(f"{_TRAINER}._fp_convert_sample",
+                        precision.trainer_fp_convert_sample_bf16, scope.trainer_call),
+            Replacement(f"{_TRAINER}.state_dict", precision.trainer_state_dict_float32_masters,
+                        scope.trainer_call),
+            Replacement(f"{_TRAINER}.train_step", precision.trainer_train_step_mixed_precision,
+                        scope.trainer_call),
         ),
-        "runs of the plugin's model or task only (scope.is_our_run): --fp16 / --bf16 keep "
-        "float32 masters in one flat tensor moved by multi-tensor copies (fairseq's "
-        "FP16Optimizer: ~3,000 per-tensor operator calls per update, CUDA only, rounded "
-        "masters in checkpoints) and save them as the model's weights; --bf16 --amp is bfloat16 "
-        "autocast over float32 weights",
+        "--fp16 / --bf16 keep float32 masters in one flat tensor moved by multi-tensor copies "
+        "(fairseq's FP16Optimizer: ~3,000 per-tensor operator calls per update, CUDA only, "
+        "rounded masters in checkpoints) and save them as the model's weights; --bf16 --amp is "
+        "bfloat16 autocast over float32 weights",
+        OUR_RUNS,
+    ),
+    Patch(
+        "bf16_without_tpu",
+        (
+            Replacement("fairseq.distributed.utils:call_main",
+                        precision.call_main_bf16_without_tpu),
+            Replacement(f"{_TRAINER}.__init__", precision.trainer_init_bf16_without_tpu),
+        ),
+        "--bf16 without torch_xla: fairseq turns --tpu on with it and died with \"'NoneType' "
+        "object has no attribute 'xla_device'\" (on CPU and CUDA); --tpu is turned off again, "
+        "which only turns the crash into fairseq's own non-TPU path",
+        EVERY_RUN,
+    ),
+    Patch(
+        "fp16_without_cuda",
+        _one(f"{_TRAINER}.__init__", precision.trainer_init_refusing_fp16_without_cuda),
+        "--fp16 on fairseq's own optimizer path without CUDA is one error line naming what "
+        "works there, before anything is built (fairseq alone fails at the first update with "
+        "a 147-line 'AssertionError: Torch not compiled with CUDA enabled')",
+        EVERY_RUN,
     ),
     Patch(
         "optimizer_state_layouts",
-        _one("fairseq.trainer:Trainer.load_checkpoint",
-             "user_plugin.optimizers.state_layouts:trainer_load_checkpoint_converting_layouts"),
-        "runs of the plugin's model or task only (scope.is_our_run): a checkpoint whose "
-        "optimizer state another precision mode wrote (per tensor: the plain optimizer, "
-        "--bf16 --amp, --memory-efficient-fp16; flat: FP16Optimizer, Float32MasterOptimizer) "
-        "resumes with its state converted, one log line (fairseq alone: 'AssertionError: "
-        "Optimizer does not match; please reset the optimizer (--reset-optimizer). FairseqAdam "
-        "vs Float32MasterOptimizer'); what cannot be converted is one error line",
+        _one(f"{_TRAINER}.load_checkpoint",
+             optimizer_state.trainer_load_checkpoint_converting_layouts, scope.trainer_call),
+        "a checkpoint whose optimizer state another precision mode wrote (per tensor: the plain "
+        "optimizer, --bf16 --amp, --memory-efficient-fp16; flat: FP16Optimizer, "
+        "Float32MasterOptimizer) resumes with its state converted, one log line (fairseq alone: "
+        "'AssertionError: Optimizer does not match; please reset the optimizer "
+        "(--reset-optimizer). FairseqAdam vs Float32MasterOptimizer'); what cannot be converted "
+        "is one error line",
+        OUR_RUNS,
     ),
     Patch(
         "fp16_overflow_on_cpu",
-        _one("fairseq.trainer:Trainer.train_step", f"{_PRECISION}:trainer_train_step_fp16_on_cpu"),
+        _one(f"{_TRAINER}.train_step", precision.trainer_train_step_fp16_on_cpu),
         "--fp16 / --memory-efficient-fp16 --cpu survive a loss-scale overflow (fairseq's trainer "
         "calls torch.tensor(0.0).cuda(), which fails without CUDA); torch.Tensor.cuda is "
         "replaced only inside that CPU float16 step's with-block, which restores it",
+        EVERY_RUN,
     ),
     Patch(
         "progress_report",
-        _one("fairseq.logging.progress_bar:progress_bar",
-             "user_plugin.progress:reporting_progress_bar"),
+        _one("fairseq_cli.train:train", progress.training_with_progress, scope.trainer_argument,
+             where_loaded=True),
         "adds a line with update N/max, elapsed and time left after each train_inner record "
         "(fairseq never says how far a run is)",
-    ),
-    Patch(
-        "diverse_beam_search",
-        _one("fairseq.search:DiverseBeamSearch", f"{_DECODING}:DiverseBeamSearchByRow",
-             wraps=False),
-        "--diverse-beam-groups crashed: 'IndexError: index 32 is out of bounds for dimension 0 "
-        "with size 16' (batch rows indexed by dataset ids)",
-    ),
-    Patch(
-        "constrained_beam_search",
-        _one("fairseq.search:LexicallyConstrainedBeamSearch",
-             "user_plugin.generation.constrained_search:ConstrainedBeamSearch", wraps=False),
-        "--constraints gave beam slots to -inf hypotheses that can never finish, ahead of live "
-        "ones",
-    ),
-    Patch(
-        "alignment_of_short_beams",
-        _one("fairseq.sequence_generator:SequenceGeneratorWithAlignment.generate",
-             f"{_DECODING}:generate_with_alignments", wraps=False),
-        "--print-alignment with a sentence ending with fewer than --beam hypotheses: "
-        "'IndexError: list index out of range'",
+        OUR_RUNS,
     ),
     Patch(
         "replace_unk_flag",
-        _one("fairseq.utils:load_align_dict", f"{_DECODING}:loading_no_align_dict_for_the_flag"),
+        _one("fairseq.utils:load_align_dict", decoding.loading_no_align_dict_for_the_flag),
         "--replace-unk without a file opened the flag's constant: \"FileNotFoundError: '@@ '\"",
+        EVERY_RUN,
     ),
     Patch(
         "replace_unk_alignments",
-        _one("fairseq.utils:replace_unk", f"{_DECODING}:replace_unk", wraps=False),
+        _one("fairseq.utils:replace_unk", decoding.replace_unk, wraps=False),
         "--replace-unk read --print-alignment's (source, target) pairs as positions: 'TypeError: "
         "list indices must be integers or slices, not tuple'",
-    ),
-    Patch(
-        "no_repeat_ngram_on_cpu",
-        _one("fairseq.ngram_repeat_block:NGramRepeatBlock._no_repeat_ngram",
-             f"{_DECODING}:blocking_repeated_ngrams_so_far"),
-        "--no-repeat-ngram-size blocked nothing on a CPU (it compared n-grams with the padding "
-        "at the end of the token buffer)",
+        EVERY_RUN,
     ),
     Patch(
         "interactive_empty_source",
-        _one("fairseq_cli.interactive:buffered_read", f"{_DECODING}:buffered_read_keeping_fields",
-             wraps=False, where_loaded=True),
+        _one("fairseq_cli.interactive:main", decoding.interactive_keeping_empty_sources,
+             scope.configuration, where_loaded=True),
         "fairseq-interactive --constraints stripped the tab of a line '<TAB>Hund' (an empty "
         "source), so the constraint became the source and no constraint applied; the leading "
         "tab is kept, and the paper's task refuses an empty source with constraints",
+        OUR_RUNS,
     ),
 )
 
@@ -310,11 +360,6 @@ def _owner_and_attribute(target: str, where_loaded: bool = False) -> Tuple[Any, 
     return owner, attribute
 
 
-def _resolve(reference: str) -> Any:
-    module_name, _, name = reference.partition(":")
-    return getattr(importlib.import_module(module_name), name)
-
-
 def target_exists(replacement: Replacement) -> bool:
     """Whether fairseq (this version) has the attribute ``replacement`` replaces."""
     if replacement.where_loaded:
@@ -337,6 +382,22 @@ def installed() -> Tuple[str, ...]:
     return tuple(name for name in BY_NAME if name in _INSTALLED)
 
 
+def _for_our_runs(original: Callable[..., Any], new: Callable[..., Any],
+                  ours: Callable[..., bool]) -> Callable[..., Any]:
+    """What goes in place of fairseq's ``original`` for a row scoped to our runs: ``new`` for a
+    call that ``ours`` (given the call's arguments) says belongs to one of our runs, fairseq's
+    ``original`` for any other."""
+
+    @functools.wraps(original)
+    def dispatch(*args: Any, **kwargs: Any) -> Any:
+        if ours(*args, **kwargs):
+            return new(*args, **kwargs)
+        return original(*args, **kwargs)
+
+    dispatch.vaswani_replacement = new  # type: ignore[attr-defined]
+    return dispatch
+
+
 def _install_patch(patch: Patch) -> None:
     done: List[Tuple[Any, str, Any, bool]] = []
     for replacement in patch.replaces:
@@ -347,8 +408,10 @@ def _install_patch(patch: Patch) -> None:
         own = not isinstance(owner, type) or attribute in vars(owner)
         original = vars(owner)[attribute] if isinstance(owner, type) and own \
             else getattr(owner, attribute)
-        new = _resolve(replacement.new)
-        setattr(owner, attribute, new(original) if replacement.wraps else new)
+        new = replacement.new(original) if replacement.wraps else replacement.new
+        if replacement.ours is not None:
+            new = _for_our_runs(original, new, replacement.ours)
+        setattr(owner, attribute, new)
         done.append((owner, attribute, original, own))
     _INSTALLED[patch.name] = done
 
@@ -408,8 +471,9 @@ def uninstall(names: Optional[Tuple[str, ...]] = None) -> Tuple[str, ...]:
 
 
 def describe() -> List[Dict[str, Any]]:
-    """One record per patch: its name, targets, what it fixes, checked versions, and its state
-    in this process (``installed``), under the environment (``on``) and for this fairseq
+    """One record per patch: its name, targets and replacements, what it fixes, the runs it
+    applies to (``scope``) and what tells them apart (``decided_by``), checked versions, and its
+    state in this process (``installed``), under the environment (``on``) and for this fairseq
     (``version_checked``)."""
     off = set(disabled_by_environment())
     version = fairseq_version()
@@ -417,6 +481,9 @@ def describe() -> List[Dict[str, Any]]:
         {
             "name": patch.name,
             "targets": [r.dotted for r in patch.replaces],
+            "replacements": [r.replacement for r in patch.replaces],
+            "scope": patch.scope,
+            "decided_by": [r.decided_by for r in patch.replaces if r.decided_by],
             "fixes": patch.fixes,
             "checked": list(patch.checked),
             "on": patch.name not in off,

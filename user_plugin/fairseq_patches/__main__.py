@@ -1,6 +1,6 @@
 """``python -m user_plugin.fairseq_patches``: list the plugin's fairseq patches, which of them
-``VASWANI_FAIRSEQ_PATCHES`` leaves on, what each replaces and why (``--json`` for a record per
-patch)."""
+``VASWANI_FAIRSEQ_PATCHES`` leaves on, which runs each applies to (our runs, or every run), what
+each replaces and why (``--json`` for a record per patch)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 import sys
 from typing import List, Optional
 
-from . import ENV_VAR, PatchSwitchError, describe, fairseq_version
+from . import ENV_VAR, EVERY_RUN, OUR_RUNS, PatchSwitchError, describe, fairseq_version
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -31,13 +31,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     on = sum(record["on"] for record in records)
     print(f"fairseq {version}; {on} of {len(records)} patches on when the plugin loads "
           f"({ENV_VAR}=off, or off:NAME,NAME, turns them off)")
+    print(f"'{OUR_RUNS}': runs of the plugin's model or task; any other run gets fairseq's own "
+          f"function. '{EVERY_RUN}': only rows that turn a crash of fairseq's into a result or "
+          "one error line")
     for record in records:
         state = "on " if record["on"] else "off"
         checked = "" if record["version_checked"] else \
             f" (checked against fairseq {', '.join(record['checked'])} only)"
         print(f"\n[{state}] {record['name']}{checked}")
-        for target in record["targets"]:
-            print(f"      replaces {target}")
+        decided = "; ".join(dict.fromkeys(record["decided_by"]))
+        print(f"      scope: {record['scope']}" + (f" (told by {decided})" if decided else ""))
+        for target, replacement in zip(record["targets"], record["replacements"]):
+            print(f"      replaces {target} by {replacement}")
         print(f"      {record['fixes']}")
     return 0
 

@@ -7,7 +7,6 @@
   :func:`console_script` (an installed command's entry point through it),
   :func:`file_error` (an ``OSError``/``UnicodeDecodeError`` about a path as one line: a full
   disk is ``PATH: cannot write (no space left on device)``) and
-  :func:`install_one_line_errors` (the same for commands the project does not own),
   :func:`int_at_least` (an argparse type for bounded integers);
 * :mod:`.atomic`: :func:`atomic_write`, :func:`atomic_write_text`, :func:`atomic_copy` (a
   locked temporary file beside the destination, then ``os.replace``), the temporary files'
@@ -17,20 +16,14 @@
 * :mod:`.text`: the line rule (only LF ends a line) for every reader of line-aligned text,
   :func:`iter_lines`, :func:`split_lines`, :func:`decode_lines`, :func:`single_line`; and
   :func:`read_lines` (universal newlines) for logs;
-* :mod:`.checkpoints`: :func:`read_checkpoint` of fairseq checkpoints after
-  :func:`checkpoint_file_problem` (format, truncation, every record's CRC-32),
-  :func:`save_checkpoint` (atomic, verified), :func:`torch_save` (a full disk as an
-  ``OSError``), :func:`state_dict_mismatch`, :data:`LOAD_ERRORS`,
-  :class:`CheckpointError`;
 * :mod:`.lock`: :class:`DirectoryLock`, one process at a time in a directory;
 * :mod:`.training_state`: what a training run keeps in its save directory (checkpoints holding
   an optimizer state, fairseq's checkpoint names, the run's lock), so that no output replaces
   it;
-* :mod:`.fingerprint`: the training fingerprint (dictionaries, direction, and the architecture
-  options read from ``cfg.model``) and the identity of a model's parameters by content;
-* :mod:`.known_errors`: fairseq's errors on bad input as one line, and the exception hook.
 
-Importing this package needs neither torch nor fairseq (reading a checkpoint imports them).
+Checkpoints and training fingerprints are trained-model files: :mod:`user_plugin.artifacts`.
+
+Importing this package needs neither torch nor fairseq.
 fairseq sets up logging at INFO and logs a line when it is first imported, unless logging is
 set up before; a script therefore calls ``logging.basicConfig(level=logging.WARNING, ...)``
 first, so that its stderr holds nothing but its own messages (one line for an error).
@@ -48,16 +41,6 @@ from .atomic import (
     temp_destination,
     temp_name_parts,
 )
-from .checkpoints import (
-    LOAD_ERRORS,
-    CheckpointError,
-    checkpoint_file_problem,
-    checkpoint_integrity_problem,
-    read_checkpoint,
-    save_checkpoint,
-    state_dict_mismatch,
-    torch_save,
-)
 from .errors import (
     InvalidValue,
     UserError,
@@ -67,42 +50,32 @@ from .errors import (
     int_at_least,
     run_main,
 )
-from .known_errors import install_one_line_errors
 from .lock import DirectoryInUse, DirectoryLock
 from .text import decode_lines, iter_lines, read_lines, single_line, split_lines
 
 __all__ = [
     "int_at_least",
     "InvalidValue",
-    "LOAD_ERRORS",
     "TEMP_SUFFIX",
-    "CheckpointError",
     "DirectoryInUse",
     "DirectoryLock",
     "UserError",
     "atomic_copy",
     "atomic_write",
     "atomic_write_text",
-    "checkpoint_file_problem",
-    "checkpoint_integrity_problem",
     "decode_lines",
     "file_error",
     "first_line",
-    "install_one_line_errors",
     "iter_lines",
     "console_script",
     "make_temp_dir",
-    "read_checkpoint",
     "read_lines",
     "refuse_input_clash",
     "remove_stale_temporaries",
     "same_file",
     "run_main",
-    "save_checkpoint",
     "single_line",
     "split_lines",
-    "state_dict_mismatch",
     "temp_destination",
     "temp_name_parts",
-    "torch_save",
 ]

@@ -37,7 +37,8 @@ import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
-#: The lock file of a training run's save directory (``user_plugin.training_run``).
+#: The lock file of a training run's save directory (taken by
+#: ``user_plugin.fairseq_patches.save_directory``).
 TRAINING_LOCK = ".vaswani-train.lock"
 #: The names fairseq-train gives the checkpoints of a run (and resumes from).
 CHECKPOINT_NAME = re.compile(r"checkpoint(_last|_best|\d+|_\d+_\d+|\.best_.+?)(-[^/]+)?\.pt")

@@ -22,6 +22,10 @@ early when possible."
   worse finished ones. ``beam-full`` can end a sentence on early, short hypotheses while a
   better one is still alive; the difference shows with large beams over small vocabularies
   (the parsing recipe's beam 21 over 40 symbols), where early EOS candidates fill the beam.
+* **fairseq's search parts, fixed.** Lexically constrained search, diverse beam search and
+  ``--no-repeat-ngram-size`` on a CPU fail or do nothing in fairseq 0.12; this generator
+  decodes with fixed versions of them (:func:`our_search`, :mod:`.diverse_search`,
+  :mod:`.ngram_blocking`), so every decoding option of ``--task vaswani_translation`` works.
 * **Forced tokens.** Tokens the user forces into the output, lexical constraints
   (``--constraints``) or a prefix (``--prefix-size``), are always given room: a sentence's
   limit is its source + N or the number of forced tokens, whichever is more, and a hypothesis
@@ -41,10 +45,11 @@ import math
 from collections.abc import Sequence
 
 import torch
-from fairseq.search import LexicallyConstrainedBeamSearch
+from fairseq.search import DiverseBeamSearch, LexicallyConstrainedBeamSearch
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 from torch import Tensor
 
+from ..paper import MAX_LEN_OVER_SOURCE
 from .constrained_search import (
     ConstrainedBeamSearch,
     advancing_tokens,
@@ -52,6 +57,8 @@ from .constrained_search import (
     tokens_to_go,
     total_tokens,
 )
+from .diverse_search import DiverseBeamSearchByRow
+from .ngram_blocking import NGramRepeatBlockSoFar
 
 logger = logging.getLogger(__name__)
 
@@ -197,6 +204,18 @@ class SourceLengthCappedEnsemble(EnsembleModel):
         return forced
 
 
+def our_search(search, tgt_dict):
+    """The search strategy our generator decodes with in place of fairseq's ``search`` (which
+    ``FairseqTask.build_generator`` chose from the options): lexically constrained search
+    (:class:`~.constrained_search.ConstrainedBeamSearch`) and diverse beam search
+    (:class:`~.diverse_search.DiverseBeamSearchByRow`) as fixed here; any other as it is."""
+    if type(search) is LexicallyConstrainedBeamSearch:
+        return ConstrainedBeamSearch(tgt_dict, search.representation)
+    if type(search) is DiverseBeamSearch:
+        return DiverseBeamSearchByRow.like(search, tgt_dict)
+    return search
+
+
 class GNMTSequenceGenerator(SequenceGenerator):
     """fairseq's beam search with the paper's length penalty and length limit (§6.1).
 
@@ -217,7 +236,7 @@ class GNMTSequenceGenerator(SequenceGenerator):
         models,
         tgt_dict,
         length_penalty_form: str = "gnmt",
-        max_len_over_source: int = 50,
+        max_len_over_source: int = MAX_LEN_OVER_SOURCE,
         stop_rule: str = "beam-full",
         **kwargs,
     ) -> None:
@@ -239,10 +258,11 @@ class GNMTSequenceGenerator(SequenceGenerator):
                 raise ValueError("a per-sentence length limit needs a list of models")
             if not isinstance(models, EnsembleModel):
                 models = SourceLengthCappedEnsemble(models, max_len_over_source)
-        search = kwargs.get("search_strategy")
-        if type(search) is LexicallyConstrainedBeamSearch:
-            kwargs["search_strategy"] = ConstrainedBeamSearch(tgt_dict, search.representation)
+        kwargs["search_strategy"] = our_search(kwargs.get("search_strategy"), tgt_dict)
         super().__init__(models, tgt_dict, **kwargs)
+        if self.repeat_ngram_blocker is not None:
+            self.repeat_ngram_blocker = NGramRepeatBlockSoFar(
+                self.repeat_ngram_blocker.no_repeat_ngram_size)
         if isinstance(self.model, SourceLengthCappedEnsemble) and self.search.supports_constraints:
             self.model.constraint_search = self.search
         self.length_penalty_form = length_penalty_form

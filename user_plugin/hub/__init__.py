@@ -32,7 +32,7 @@ record that the recipes write beside the prepared data and carry into the averag
 directory (Moses punctuation normalization, Moses tokenization with aggressive dash splits for
 BPE, the subword model checked by sha256), or, for a directory without a record, the recipes'
 pipeline assumed and said in one warning line. Outputs go back through the target dictionary,
-subword removal and sacremoses ``detokenize``. ``python -m user_plugin.hub MODEL_DIR
+subword removal and sacremoses ``detokenize``. ``vaswani-translate MODEL_DIR
 --print-tokens < raw.txt`` prints the model tokens each raw line becomes.
 The languages come from the keywords, the checkpoint, or the binarized file names in the data
 directory.
@@ -42,20 +42,23 @@ source length + 50 output tokens per sentence (the ``vaswani_translation`` task'
 n-best lists, lexical constraints, sampling and alignments are options of each call
 (docs/decoding.md).
 
-Command line: ``python -m user_plugin.hub MODEL_DIR [--source-lang en --target-lang de ...]``
-translates stdin line by line.
+Command line: ``vaswani-translate MODEL_DIR [--source-lang en --target-lang de ...]``
+(:mod:`user_plugin.commands.translate`) translates stdin line by line.
 
 ``load_translator(EXPORT_DIR, backend="ctranslate2")`` (``--backend ctranslate2``) translates
-with a CTranslate2 export (``python -m user_plugin.export ... --to ctranslate2``) instead: the
+with a CTranslate2 export (``vaswani-export ... --to ctranslate2``) instead: the
 same text pipeline, the paper's decoding as closely as that engine allows.
 
-Modules: :mod:`.text_codec` (:class:`TextCodec`, a pipeline given by files),
-:mod:`.translator` (:class:`Translator`),
-:mod:`.loader` (:func:`load_translator`), :mod:`.cli` (``main``), :mod:`.errors`
-(:class:`HubError`), :mod:`.ctranslate2_translator` (the ``ctranslate2`` backend). A model
+Text prepared by hand, without a record: ``TextPipeline.from_files(...)``.
+
+Modules: :mod:`.translator` (:class:`Translator`),
+:mod:`.loader` (:func:`load_translator`), :mod:`.ctranslate2_translator` (the ``ctranslate2``
+backend). Files that cannot be used raise :class:`~user_plugin.artifacts.errors.ArtifactError`
+(a :class:`~user_plugin.files.errors.UserError`), one line naming the file. A model
 directory's files are found by :mod:`user_plugin.artifacts.model_files`.
 """
 
+from ..artifacts.errors import ArtifactError
 from ..artifacts.model_files import (
     BPE_CODES_NAMES,
     CHECKPOINT_NAMES,
@@ -65,10 +68,7 @@ from ..artifacts.model_files import (
     language_pair,
 )
 from ..artifacts.text_pipeline import TextPipeline
-from .cli import main
-from .errors import HubError
 from .loader import load_translator
-from .text_codec import TextCodec
 from .translator import Translator, max_source_tokens
 
 #: ``max_source_tokens`` under the name the fault tests read it by.
@@ -78,14 +78,12 @@ __all__ = [
     "BPE_CODES_NAMES",
     "CHECKPOINT_NAMES",
     "SENTENCEPIECE_NAMES",
-    "HubError",
+    "ArtifactError",
     "ModelFiles",
-    "TextCodec",
     "TextPipeline",
     "Translator",
     "find_model_files",
     "language_pair",
     "load_translator",
-    "main",
     "max_source_tokens",
 ]

@@ -1,7 +1,8 @@
-"""``python -m user_plugin.hub``: see :mod:`user_plugin.hub.cli`."""
+"""``python -m user_plugin.hub``: the ``vaswani-translate`` command
+(:mod:`user_plugin.commands.translate`)."""
 
 import sys
 
-from .cli import main
+from ..commands.translate import cli_main
 
-sys.exit(main())
+sys.exit(cli_main())

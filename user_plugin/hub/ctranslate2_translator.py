@@ -1,7 +1,7 @@
 """The hub's ``ctranslate2`` backend: raw text through a CTranslate2 export, decoded as close to
 the paper (§6.1) as the engine allows.
 
-The export directory (``python -m user_plugin.export ... --to ctranslate2``) carries the model,
+The export directory (``vaswani-export ... --to ctranslate2``) carries the model,
 its vocabularies, the subword model and a manifest with the language pair and text pipeline,
 so the same :class:`~user_plugin.artifacts.text_pipeline.TextPipeline` (its record, or the
 recipes' pipeline assumed for an export without one) runs around it as around the fairseq
@@ -56,6 +56,7 @@ from ..artifacts.ctranslate2_layout import (
     check_export_directory,
     require_ctranslate2,
 )
+from ..artifacts.errors import ArtifactError
 from ..artifacts.model_files import model_text_pipeline
 from ..artifacts.text_pipeline import RECORD_NAME, TextPipeline
 from ..files.errors import first_line
@@ -68,7 +69,7 @@ from ..generation.gnmt_sequence_generator import (
     output_limit,
     penalty_function,
 )
-from .errors import HubError
+from ..paper import BEAM, LENPEN, MAX_LEN_OVER_SOURCE
 from .translator import TextTranslator
 
 logger = logging.getLogger(__name__)
@@ -121,9 +122,9 @@ class CTranslate2Translator(TextTranslator):
     """A CTranslate2 export with its text pipeline; decoding defaults are the paper's (beam 4,
     GNMT alpha 0.6, each output at most its source length + 50 tokens)."""
 
-    def __init__(self, translator, codec: TextPipeline, manifest: dict, beam: int = 4,
-                 lenpen: float = 0.6, length_penalty_form: str = "gnmt",
-                 max_len_over_source: int = 50, batch_size: int = 64) -> None:
+    def __init__(self, translator, codec: TextPipeline, manifest: dict, beam: int = BEAM,
+                 lenpen: float = LENPEN, length_penalty_form: str = "gnmt",
+                 max_len_over_source: int = MAX_LEN_OVER_SOURCE, batch_size: int = 64) -> None:
         penalty_function(length_penalty_form)
         check_values(beam=beam, lenpen=lenpen, batch_size=batch_size,
                      max_len_over_source=max_len_over_source)
@@ -146,7 +147,7 @@ class CTranslate2Translator(TextTranslator):
         for name in ("shared_vocabulary.json", "source_vocabulary.json"):
             if (directory / name).is_file():
                 return set(json.loads((directory / name).read_text(encoding="utf-8")))
-        raise HubError(f"{directory}: no source vocabulary file")
+        raise ArtifactError(f"{directory}: no source vocabulary file")
 
     def output_limit(self, source_tokens: int) -> int:
         """The most tokens before EOS of the output of a source of ``source_tokens`` tokens (no
@@ -266,7 +267,7 @@ def open_export(
     compute_type: str = "default",
 ) -> tuple[object, TextPipeline, dict]:
     """CTranslate2's translator, the text codec and the manifest of an export directory,
-    checked against its manifest first; a one-line :class:`HubError` for a missing, corrupt
+    checked against its manifest first; a one-line :class:`ArtifactError` for a missing, corrupt
     or mixed directory, or for languages other than the export's. The text pipeline is the
     export's record (:mod:`user_plugin.artifacts.model_files`), else the recipes' on the
     manifest's subword model and Moses setting, with one warning line.
@@ -279,7 +280,7 @@ def open_export(
     manifest = dict(check_export_directory(model_dir), directory=str(model_dir))
     for given, side in ((source_lang, "source_lang"), (target_lang, "target_lang")):
         if given is not None and given != manifest[side]:
-            raise HubError(f"{model_dir}: the export translates {manifest['source_lang']}->"
+            raise ArtifactError(f"{model_dir}: the export translates {manifest['source_lang']}->"
                            f"{manifest['target_lang']}, not {side} {given!r}")
     found = tuple(model_dir / Path(manifest[key]).name if manifest.get(key) else None
                   for key in ("bpe_codes", "sentencepiece_model"))
@@ -297,6 +298,6 @@ def open_export(
                                         compute_type=compute_type, inter_threads=1,
                                         intra_threads=threads)
     except (RuntimeError, ValueError) as error:
-        raise HubError(f"{model_dir}: CTranslate2 cannot load the model "
+        raise ArtifactError(f"{model_dir}: CTranslate2 cannot load the model "
                        f"({first_line(error)})") from None
     return engine, codec, manifest

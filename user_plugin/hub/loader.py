@@ -14,11 +14,12 @@ from pathlib import Path
 
 from .. import registration  # noqa: F401  (the models, task and criterion checkpoints name)
 from ..artifacts.checkpoints import build_models, read_model_checkpoint, setup_task
+from ..artifacts.errors import ArtifactError
+from ..artifacts.fingerprint import ensemble_mismatch, stored_fingerprint
 from ..artifacts.model_files import find_model_files, language_pair, model_text_pipeline
-from ..files.fingerprint import ensemble_mismatch, stored_fingerprint
 from ..generation.decoding_options import check_values
 from ..generation.gnmt_sequence_generator import penalty_function
-from .errors import HubError
+from ..paper import BEAM, LENPEN, MAX_LEN_OVER_SOURCE
 from .translator import TextTranslator, Translator
 
 logger = logging.getLogger(__name__)
@@ -33,17 +34,17 @@ def load_translator(
     bpe_codes: str | os.PathLike | None = None,
     sentencepiece_model: str | os.PathLike | None = None,
     moses: bool | None = None,
-    beam: int = 4,
-    lenpen: float = 0.6,
+    beam: int = BEAM,
+    lenpen: float = LENPEN,
     length_penalty_form: str = "gnmt",
-    max_len_over_source: int = 50,
+    max_len_over_source: int = MAX_LEN_OVER_SOURCE,
     batch_size: int = 64,
     max_tokens: int | None = None,
     device: str = "cpu",
     backend: str = "fairseq",
 ) -> TextTranslator:
     """Load a model directory (see :mod:`user_plugin.hub.model_files`); raises
-    :class:`HubError` naming the file when something is missing or unreadable, and a
+    :class:`ArtifactError` naming the file when something is missing or unreadable, and a
     :class:`~user_plugin.generation.decoding_options.DecodingOptionError` (a ``ValueError``)
     for a decoding setting out of its range, before reading anything.
 
@@ -64,7 +65,7 @@ def load_translator(
         from .ctranslate2_translator import CTranslate2Translator, open_export
 
         if checkpoints is not None or data_dir is not None or max_tokens is not None:
-            raise HubError("checkpoints=, data_dir= and max_tokens= belong to the fairseq "
+            raise ArtifactError("checkpoints=, data_dir= and max_tokens= belong to the fairseq "
                            "backend: a CTranslate2 export holds its model and vocabularies")
         engine, codec, manifest = open_export(model_dir, source_lang, target_lang, bpe_codes,
                                               sentencepiece_model, moses, device)
@@ -73,13 +74,13 @@ def load_translator(
             length_penalty_form=length_penalty_form, max_len_over_source=max_len_over_source,
         )
     if backend != "fairseq":
-        raise HubError(f"backend must be 'fairseq' or 'ctranslate2', got {backend!r}")
+        raise ArtifactError(f"backend must be 'fairseq' or 'ctranslate2', got {backend!r}")
     files = find_model_files(model_dir, checkpoints, data_dir, bpe_codes, sentencepiece_model)
     states = [read_model_checkpoint(path) for path in files.checkpoints]
     mismatch = ensemble_mismatch([(path, stored_fingerprint(state))
                                   for path, state in zip(files.checkpoints, states)])
     if mismatch is not None:
-        raise HubError(mismatch)
+        raise ArtifactError(mismatch)
     task_cfg = states[0]["cfg"].task
     src, tgt = language_pair(files.data_dir, source_lang, target_lang, task_cfg)
     task = setup_task(task_cfg, files.data_dir, src, tgt, length_penalty_form,

@@ -20,6 +20,7 @@ import torch
 from ..artifacts.text_pipeline import TextPipeline
 from ..generation.alignment import set_alignment_output
 from ..generation.decoding_options import check_value, check_values
+from ..paper import BEAM, LENPEN
 
 
 def max_source_tokens(max_positions) -> int | None:
@@ -37,8 +38,8 @@ class DecodingSettings:
     ``sampling_topp``, ``temperature``); ``constraints`` (``"ordered"``, ``"unordered"``)
     decodes with lexical constraints; ``alignment`` computes hard alignments."""
 
-    beam: int = 4
-    lenpen: float = 0.6
+    beam: int = BEAM
+    lenpen: float = LENPEN
     sampling: bool = False
     sampling_topk: int = -1
     sampling_topp: float = -1.0
@@ -151,8 +152,8 @@ class Translator(TextTranslator):
         task,
         models: Sequence[torch.nn.Module],
         codec: TextPipeline,
-        beam: int = 4,
-        lenpen: float = 0.6,
+        beam: int = BEAM,
+        lenpen: float = LENPEN,
         batch_size: int = 64,
         max_tokens: int | None = None,
     ) -> None:

@@ -26,6 +26,7 @@ from fairseq.optim.lr_scheduler import FairseqLRScheduler, register_lr_scheduler
 from omegaconf import II, DictConfig, OmegaConf
 
 from ..files.errors import InvalidValue
+from ..paper import WARMUP_STEPS
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +36,8 @@ SCHEDULER_NAME = "vaswani_inverse_sqrt"
 @dataclass
 class InverseSqrtWarmupConfig(FairseqDataclass):
     warmup_updates: int = field(
-        default=4000, metadata={"help": "warmup_steps of the paper's schedule (4000)"}
+        default=WARMUP_STEPS,
+        metadata={"help": f"warmup_steps of the paper's schedule ({WARMUP_STEPS})"},
     )
     lr_scale: float = field(
         default=1.0, metadata={"help": "multiplies the paper's learning rate (1.0 = the paper)"}

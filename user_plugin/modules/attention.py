@@ -112,10 +112,8 @@ class MultiHeadAttention(nn.Module):
             need_weights: also return the attention probabilities ([B, h, T, S]).
             beam: with ``incremental_state``, the decoder's :class:`BeamState`.
         """
-        if incremental_state is None:
+        if not self._step_by_step(incremental_state, beam):
             return self._attend_whole(query, key_value, attn_mask, is_causal, need_weights)
-        if beam is None:
-            raise ValueError("decoding step by step needs the decoder's BeamState (beam=)")
         if self.encoder_decoder:
             return self._attend_step_to_encoder(query, key_value, attn_mask, incremental_state,
                                                 beam, need_weights)
@@ -181,6 +179,17 @@ class MultiHeadAttention(nn.Module):
             self._set_cache(incremental_state, cache)
         context, weights = cache.attend(self.q_proj(query), need_weights, self._dropout_p())
         return self.out_proj(context), weights
+
+    @staticmethod
+    def _step_by_step(incremental_state: Optional[IncrementalState],
+                      beam: Optional[BeamState]) -> bool:
+        """Whether a call decodes one step (it has an ``incremental_state``), which needs the
+        decoder's :class:`BeamState`."""
+        if incremental_state is None:
+            return False
+        if beam is None:
+            raise ValueError("decoding step by step needs the decoder's BeamState (beam=)")
+        return True
 
     def _dropout_p(self) -> float:
         """Dropout on the attention probabilities: in training mode only (also while decoding

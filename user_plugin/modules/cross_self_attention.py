@@ -55,9 +55,7 @@ class CrossSelfAttention(MultiHeadAttention):
             incremental_state, beam: decode one query step per call (beam search).
             need_weights: also return the probabilities, source positions first.
         """
-        if incremental_state is not None:
-            if beam is None:
-                raise ValueError("decoding step by step needs the decoder's BeamState (beam=)")
+        if self._step_by_step(incremental_state, beam):
             return self._attend_step(query, encoder_out, encoder_mask, incremental_state, beam,
                                      need_weights)
         if encoder_out is None:

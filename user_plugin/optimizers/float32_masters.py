@@ -27,8 +27,9 @@ trainer's own finiteness check does not wait for the device a second time. bfloa
 float32's exponent range: no loss scaling, and no synchronisation of its own.
 
 The masters are what a checkpoint stores as the model's weights (the plugin's trainer patch,
-:mod:`user_plugin.precision`), so that a resumed run continues from exactly the float32 weights
-it stopped at, and a checkpoint of a half-precision run is a float32 checkpoint like any other.
+:mod:`user_plugin.fairseq_patches.precision`), so that a resumed run continues from exactly the
+float32 weights it stopped at, and a checkpoint of a half-precision run is a float32 checkpoint
+like any other.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ batching (sentences sorted by length, ``batch_size`` at a time).
 
 The **model fingerprint** is the sha256 of what decides the outputs: for the fairseq backend the
 sha256 of each checkpoint file, the training fingerprint (languages and the dictionaries' token
-order, :mod:`user_plugin.files.fingerprint`) and the text pipeline record (with its subword
+order, :mod:`user_plugin.artifacts.fingerprint`) and the text pipeline record (with its subword
 model's sha256); for the ctranslate2 backend the sha256 of every file of the export (its
 manifest's records) and the text pipeline record. Two servers with the same fingerprint
 translate alike; renaming or copying a model keeps it.
@@ -68,7 +68,7 @@ class ServedModel:
     @classmethod
     def load(cls, settings: ModelSettings) -> ServedModel:
         """Load ``settings``' model through the hub; a one-line
-        :class:`~user_plugin.hub.HubError` for files that cannot be used."""
+        :class:`~user_plugin.artifacts.errors.ArtifactError` for files that cannot be used."""
         if settings.backend == "ctranslate2":
             return cls._load_ctranslate2(settings)
         return cls._load_fairseq(settings)
@@ -77,8 +77,8 @@ class ServedModel:
     def _load_fairseq(cls, settings: ModelSettings) -> ServedModel:
         import torch
 
+        from ..artifacts.fingerprint import task_fingerprint
         from ..artifacts.model_files import find_model_files
-        from ..files.fingerprint import task_fingerprint
         from ..hub import load_translator
 
         if settings.threads:

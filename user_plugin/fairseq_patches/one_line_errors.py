@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from .errors import UserError, end_by_interrupt, file_error, interrupted_line
+from ..files.errors import UserError, end_by_interrupt, file_error, interrupted_line
 
 _MAX_TOKENS = re.compile(r"Sentences lengths should not exceed max_tokens=(\d+)")
 _DICTIONARY = re.compile(r"dict\.(?P<lang>[^./]+)\.txt")

@@ -1,12 +1,12 @@
 """Training progress against ``--max-update``, with the time left: one line per log interval.
 
 fairseq-train logs its statistics every ``--log-interval`` updates (``train_inner``) but never
-says how far the run is. :func:`reporting_progress_bar` (installed by
-:mod:`user_plugin.fairseq_patches` with the plugin, so every ``fairseq-train --user-dir
-user_plugin`` has it, whatever ``--task``) wraps the progress bars that fairseq's
-``progress_bar.progress_bar`` builds. The training bar
-(the one fairseq hands its configuration through ``update_config``) then follows each
-``train_inner`` record with a line of its own::
+says how far the run is. For our runs (row ``progress_report`` of
+:mod:`user_plugin.fairseq_patches` wraps ``fairseq_cli.train.train``, the loop of one epoch:
+:func:`training_with_progress`), the progress bars that fairseq's
+``progress_bar.progress_bar`` builds during the epoch are wrapped
+(:func:`reporting_progress_bar`). The training bar (the one fairseq hands its configuration
+through ``update_config``) then follows each ``train_inner`` record with a line of its own::
 
     ... | INFO | progress | update 150/1800 (8.3%) | elapsed 0:02:05 \
         | left 0:22:55 (0.83 s/update) | loss 7.412 | lr 0.000154
@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from .temporary import replaced
 
 logger = logging.getLogger("progress")
 
@@ -238,15 +240,26 @@ class ProgressReportingBar:
 
 
 def reporting_progress_bar(build: Callable[..., Any]) -> Callable[..., Any]:
-    """fairseq's ``progress_bar.progress_bar``, returning bars that report progress.
-
-    fairseq's training loop calls it through the module (``progress_bar.progress_bar(...)``),
-    so :mod:`user_plugin.fairseq_patches` (row ``progress_report``) puts this in the module's
-    place and every entry point gets it.
-    """
+    """fairseq's ``progress_bar.progress_bar``, returning bars that report progress."""
 
     @functools.wraps(build)
     def progress_bar(*args, **kwargs):
         return ProgressReportingBar(build(*args, **kwargs), _REPORTER)
 
     return progress_bar
+
+
+def training_with_progress(train: Callable[..., Any]) -> Callable[..., Any]:
+    """``fairseq_cli.train.train`` (one epoch of training), during which the bars that
+    ``progress_bar.progress_bar`` builds report progress: fairseq's loop looks the builder up
+    through the module at each call."""
+    from fairseq.logging import progress_bar as bars
+
+    reporting = reporting_progress_bar(bars.progress_bar)
+
+    @functools.wraps(train)
+    def train_reporting_progress(*args, **kwargs):
+        with replaced(bars, "progress_bar", reporting):
+            return train(*args, **kwargs)
+
+    return train_reporting_progress

@@ -5,26 +5,26 @@ but then makes ``checkpoint_best.pt`` and ``checkpoint_last.pt`` with ``PathMana
 without iopath is ``shutil.copyfile`` straight onto the destination. A process killed during that
 copy leaves a truncated ``checkpoint_last.pt``, and the next run fails to resume from it.
 
-:func:`atomic_copy_path_manager`, installed by :mod:`user_plugin.fairseq_patches`, makes those
-copies atomic with :func:`~user_plugin.files.atomic.atomic_copy` (a temporary file in the
-destination's directory, then ``os.replace``).
+Row ``atomic_checkpoint_copy`` wraps ``checkpoint_utils.save_checkpoint``
+(:func:`saving_with_atomic_copies`): while it saves a checkpoint of one of our runs,
+``checkpoint_utils`` sees :func:`atomic_copy_path_manager`'s ``PathManager``, whose ``copy``
+goes through :func:`~user_plugin.files.atomic.atomic_copy` (a temporary file in the
+destination's directory, then ``os.replace``). The copies hold the same bytes as fairseq's.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+from typing import Any
 
-from .files.atomic import atomic_copy
+from ..files.atomic import atomic_copy
+from .temporary import replaced
 
 
 def atomic_copy_path_manager(path_manager: type) -> type:
     """fairseq's ``PathManager`` (``path_manager``) with an atomic ``copy`` for local paths.
-
-    ``checkpoint_utils`` looks up ``PathManager`` as a module global, so
-    :mod:`user_plugin.fairseq_patches` (row ``atomic_checkpoint_copy``) puts this subclass there
-    (and only there): its ``copy`` writes a temporary file in the destination's directory and
-    renames it. Remote paths (an iopath handler) keep fairseq's copy.
-    """
+    Remote paths (an iopath handler) keep fairseq's copy."""
     from fairseq.file_io import PathManager
 
     class AtomicCopyPathManager(path_manager):  # type: ignore[valid-type,misc]
@@ -40,3 +40,19 @@ def atomic_copy_path_manager(path_manager: type) -> type:
             return True
 
     return AtomicCopyPathManager
+
+
+def saving_with_atomic_copies(save_checkpoint: Any) -> Any:
+    """``checkpoint_utils.save_checkpoint`` during which the module's ``PathManager`` (which it
+    copies ``checkpoint_last.pt`` and ``checkpoint_best.pt`` with) is
+    :func:`atomic_copy_path_manager`'s."""
+    from fairseq import checkpoint_utils as module
+
+    atomic = atomic_copy_path_manager(module.PathManager)
+
+    @functools.wraps(save_checkpoint)
+    def save(*args: Any, **kwargs: Any) -> Any:
+        with replaced(module, "PathManager", atomic):
+            return save_checkpoint(*args, **kwargs)
+
+    return save

@@ -14,7 +14,7 @@ The **training fingerprint** of a checkpoint (:func:`stored_fingerprint`) has tw
 
 * the **data** part, a small dict of plain strings stored in every checkpoint under the
   top-level key :data:`KEY` (fairseq-train writes it: the plugin's save hook,
-  :mod:`user_plugin.training_run`; copies, the averager and the export carry it):
+  :mod:`user_plugin.fairseq_patches.save_directory`; copies, the averager and the export carry it):
   ``source_lang``, ``target_lang`` (the direction) and ``source_dictionary``,
   ``target_dictionary``, the sha256 of each dictionary's token order
   (:func:`dictionary_sha256`: the symbols joined by LF, UTF-8; counts do not matter to a model);
@@ -82,7 +82,8 @@ ARCHITECTURE_OPTIONS: dict[str, Any] = {
     "base_shuffle": 1,
 }
 #: The model options that do not change what the parameters compute: training only
-#: (dropouts, LayerDrop, quantization noise, activation checkpointing and sharding),
+#: (dropouts, LayerDrop, quantization noise, activation checkpointing and sharding, compiling
+#: each layer),
 #: initialization (pre-trained embedding files), decoding extras (alignments), pruning at load
 #: time (its result is the layer count), and the position limits.
 NOT_ARCHITECTURE_OPTIONS = frozenset({

@@ -7,16 +7,17 @@ What fairseq 0.12 does, and why the plugin changes it:
   torch_xla the trainer dies with ``'NoneType' object has no attribute 'xla_device'``, on a CPU
   and on a CUDA GPU alike (the trainer tries the TPU before CUDA). When torch_xla is not
   installed the plugin turns ``--tpu`` off again before fairseq's launcher and trainer read it,
-  for every run (row ``bf16_without_tpu``): that only turns a crash into fairseq's own non-TPU
-  bfloat16 path.
+  for every run (row ``bf16_without_tpu``, which wraps ``distributed_utils.call_main`` and
+  ``Trainer.__init__``): that only turns a crash into fairseq's own non-TPU bfloat16 path.
 * ``--fp16`` (and fairseq's non-TPU ``--bf16``) wrap the optimizer in ``FP16Optimizer``, which
   copies gradients and weights between the model and the float32 masters tensor by tensor
   (about 3,000 operator calls per update for a base Transformer), allocates the masters with
   ``torch.cuda.current_device()`` (no CPU), and saves the rounded half-precision weights in the
   checkpoints, so that every resume restarts from rounded masters.
 
-For runs of the plugin's model or task (:func:`~user_plugin.fairseq_patches.scope.is_our_run`;
-a stock run in the same process keeps fairseq's paths), row ``mixed_precision``:
+For runs of the plugin's model or task (row ``mixed_precision``, scoped to our runs: a stock
+run in the same process keeps fairseq's paths; five methods of fairseq's ``Trainer`` are
+wrapped):
 
 * ``--fp16`` and ``--bf16``: half-precision weights with float32 masters in one flat tensor,
   moved with multi-tensor copies (:mod:`user_plugin.optimizers.float32_masters`), the inner
@@ -36,16 +37,15 @@ a stock run in the same process keeps fairseq's paths), row ``mixed_precision``:
 
 float16 on a CPU: fairseq's trainer handles a loss-scale overflow by setting the step's gradient
 norm to ``torch.tensor(0.0).cuda()``, which fails without CUDA. During a CPU trainer's float16
-step, ``Tensor.cuda`` returns the tensor itself (row ``fp16_overflow_on_cpu``), in a ``with``
-block that puts torch's own method back.
-
-:mod:`user_plugin.fairseq_patches` installs the rows: fairseq's launcher
-``distributed_utils.call_main`` and five methods of fairseq's ``Trainer`` are wrapped.
+step, ``Tensor.cuda`` returns the tensor itself (row ``fp16_overflow_on_cpu``, every run: it
+turns a crash into fairseq's own overflow handling), in a ``with`` block that puts torch's own
+method back.
 
 ``--fp16`` on fairseq's own path (a stock run) without CUDA fails in fairseq at its first
 update with a 147-line ``AssertionError: Torch not compiled with CUDA enabled``; the
 trainer refuses it in one line before anything is built, naming what works there
-(:func:`refuse_fp16_without_cuda`).
+(:func:`refuse_fp16_without_cuda`; row ``fp16_without_cuda``, every run: fairseq would fail
+anyway).
 """
 
 from __future__ import annotations
@@ -55,10 +55,14 @@ import functools
 import importlib.util
 import logging
 from argparse import Namespace
-from typing import Any, Dict, Iterator, Optional
+from typing import TYPE_CHECKING, Any, ContextManager, Dict, Iterator, Optional
 
-import torch
-from torch import nn
+from .scope import is_our_run
+from .temporary import replaced
+
+if TYPE_CHECKING:  # torch is imported where it is used: loading the table stays cheap
+    import torch
+    from torch import nn
 
 logger = logging.getLogger(__name__)
 
@@ -91,8 +95,6 @@ def precision_mode(cfg: Any) -> str:
     """How the run of configuration ``cfg`` trains: :data:`FP16_MASTERS` (``--fp16``),
     :data:`BF16_MASTERS` (``--bf16``), :data:`BF16_AUTOCAST` (``--bf16 --amp``) for the plugin's
     runs; :data:`FAIRSEQ` (fairseq's own paths) for every other run and option."""
-    from .fairseq_patches.scope import is_our_run
-
     common = cfg.common
     if common.tpu or not is_our_run(cfg):
         return FAIRSEQ
@@ -109,6 +111,8 @@ def precision_mode(cfg: Any) -> str:
 def bf16_autocast(device_type: str) -> torch.autocast:
     """A context in which ``device_type``'s ("cuda" or "cpu") autocast runs the operations that
     benefit (matrix products, attention) in bfloat16 and keeps the others in float32."""
+    import torch
+
     return torch.autocast(device_type=device_type, dtype=torch.bfloat16)
 
 
@@ -161,34 +165,25 @@ def _fairseq_sees_fp32(cfg: Any) -> Iterator[None]:
             common[flag] = value
 
 
-@contextlib.contextmanager
-def _fp16_optimizer_is(builder: Any) -> Iterator[None]:
+def _fp16_optimizer_is(builder: Any) -> ContextManager[None]:
     """Within the block, the ``FP16Optimizer`` that fairseq's trainer builds for ``--fp16`` and
     ``--bf16`` is ``builder`` (its ``build_optimizer(cfg, params)`` is called)."""
     from fairseq import optim
 
-    fairseq_class = optim.FP16Optimizer
-    optim.FP16Optimizer = builder
-    try:
-        yield
-    finally:
-        optim.FP16Optimizer = fairseq_class
+    return replaced(optim, "FP16Optimizer", builder)
 
 
-@contextlib.contextmanager
-def _tensor_cuda_stays_on_cpu() -> Iterator[None]:
+def _stay(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """``Tensor.cuda`` on a CPU trainer: the tensor itself."""
+    return tensor
+
+
+def _tensor_cuda_stays_on_cpu() -> ContextManager[None]:
     """Within the block, ``Tensor.cuda()`` returns the tensor itself (for a CPU trainer, where
     fairseq's float16 overflow handling calls it)."""
-    cuda = torch.Tensor.cuda
+    import torch
 
-    def stay(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return self
-
-    torch.Tensor.cuda = stay  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        torch.Tensor.cuda = cuda  # type: ignore[method-assign]
+    return replaced(torch.Tensor, "cuda", _stay)
 
 
 class _MasterWeights:
@@ -197,6 +192,8 @@ class _MasterWeights:
     checkpoint's), by ``id(parameter)``."""
 
     def __init__(self, model: nn.Module) -> None:
+        import torch
+
         self.model = model
         self.pending: Optional[Dict[int, torch.Tensor]] = {
             id(p): p.data for p in model.parameters() if p.dtype == torch.float32}
@@ -204,6 +201,8 @@ class _MasterWeights:
     def on_load(self, module: nn.Module, state_dict: Dict[str, Any], prefix: str, *args: Any
                 ) -> None:
         """``load_state_dict`` pre-hook of the model: remember the float32 weights loaded."""
+        import torch
+
         by_name = {name: p for name, p in self.model.named_parameters(remove_duplicate=False)}
         found = {}
         for name, tensor in state_dict.items():
@@ -223,6 +222,15 @@ class _MasterWeights:
 # each takes fairseq's original and returns the function that goes in its place.
 
 
+def _omegaconf(cfg: Any) -> Any:
+    """``cfg`` as the omegaconf configuration fairseq's trainer converts it to."""
+    if isinstance(cfg, Namespace):
+        from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+        return convert_namespace_to_omegaconf(cfg)
+    return cfg
+
+
 def call_main_bf16_without_tpu(call_main: Any) -> Any:
     """fairseq's launcher ``distributed_utils.call_main``, after undoing the ``--tpu`` that
     ``--bf16`` implies when torch_xla is not installed."""
@@ -235,21 +243,44 @@ def call_main_bf16_without_tpu(call_main: Any) -> Any:
     return call_main_without_tpu
 
 
+def trainer_init_bf16_without_tpu(init: Any) -> Any:
+    """``Trainer.__init__`` after undoing the ``--tpu`` that ``--bf16`` implies when torch_xla
+    is not installed (a trainer made without fairseq's launcher: from Python)."""
+
+    @functools.wraps(init)
+    def trainer_init(self: Any, cfg: Any, *args: Any, **kwargs: Any) -> None:
+        cfg = _omegaconf(cfg)
+        release_bf16_from_tpu(cfg)
+        init(self, cfg, *args, **kwargs)
+
+    return trainer_init
+
+
+def trainer_init_refusing_fp16_without_cuda(init: Any) -> Any:
+    """``Trainer.__init__`` that refuses, in one line, ``--fp16`` on fairseq's own path
+    without CUDA (:func:`refuse_fp16_without_cuda`), before anything is built."""
+
+    @functools.wraps(init)
+    def trainer_init(self: Any, cfg: Any, *args: Any, **kwargs: Any) -> None:
+        cfg = _omegaconf(cfg)
+        if precision_mode(cfg) == FAIRSEQ:
+            refuse_fp16_without_cuda(cfg)
+        init(self, cfg, *args, **kwargs)
+
+    return trainer_init
+
+
 def trainer_init_mixed_precision(init: Any) -> Any:
     """``Trainer.__init__``: for ``--bf16 --amp``, no bfloat16 cast of the model and the
     criterion's forward under bfloat16 autocast; for ``--fp16`` / ``--bf16`` (the plugin's
     runs), fairseq's cast, after keeping the float32 weights the masters start from."""
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     @functools.wraps(init)
     def trainer_init(self: Any, cfg: Any, task: Any, model: nn.Module, *args: Any,
                      **kwargs: Any) -> None:
-        if isinstance(cfg, Namespace):
-            cfg = convert_namespace_to_omegaconf(cfg)
+        cfg = _omegaconf(cfg)
         release_bf16_from_tpu(cfg)
         mode = self._vaswani_precision_mode = precision_mode(cfg)
-        if mode == FAIRSEQ:
-            refuse_fp16_without_cuda(cfg)
         if mode == BF16_AUTOCAST:
             with _fairseq_sees_fp32(cfg):
                 init(self, cfg, task, model, *args, **kwargs)
@@ -278,7 +309,7 @@ def trainer_init_mixed_precision(init: Any) -> Any:
 def _masters_follow_loaded_weights(trainer: Any) -> None:
     """After the model loaded a state dict: an optimizer already built takes the loaded float32
     weights as its masters (otherwise its next update would bring back the old weights)."""
-    from .optimizers.float32_masters import Float32MasterOptimizer
+    from ..optimizers.float32_masters import Float32MasterOptimizer
 
     optimizer = trainer._optimizer
     masters = trainer._vaswani_master_weights
@@ -303,7 +334,7 @@ def trainer_build_optimizer_mixed_precision(build_optimizer: Any) -> Any:
         if mode not in MASTER_MODES:
             build_optimizer(self)
             return
-        from .optimizers.float32_masters import Float32MasterOptimizer
+        from ..optimizers.float32_masters import Float32MasterOptimizer
 
         masters = getattr(self, "_vaswani_master_weights", None)
 
@@ -326,7 +357,7 @@ def trainer_state_dict_float32_masters(state_dict: Any) -> Any:
 
     @functools.wraps(state_dict)
     def trainer_state_dict(self: Any) -> Dict[str, Any]:
-        from .optimizers.float32_masters import Float32MasterOptimizer
+        from ..optimizers.float32_masters import Float32MasterOptimizer
 
         state = state_dict(self)
         optimizer = self._optimizer
@@ -388,7 +419,9 @@ def refuse_fp16_without_cuda(cfg: Any) -> None:
     """One line (:class:`~user_plugin.files.errors.UserError`) for ``--fp16`` on fairseq's own
     path without CUDA: fairseq's ``FP16Optimizer`` keeps its float32 master weights on the
     current CUDA device, so the run would fail at its first update."""
-    from .files.errors import UserError
+    import torch
+
+    from ..files.errors import UserError
 
     common = cfg.common
     if not common.fp16 or common.memory_efficient_fp16 or common.bf16 or common.amp:

@@ -6,9 +6,10 @@ imported) wraps five of fairseq's ``checkpoint_utils`` functions, which ``fairse
 and the trainer look up there at call time, so that:
 
 * **One writer per save directory.** The process of global rank 0 takes the directory's lock
-  (:class:`~user_plugin.files.lock.DirectoryLock`, :data:`LOCK_NAME`) when fairseq first
-  checks the directory, before anything is built or written; a second training on the same
-  directory stops there with one line naming the holder, and changes nothing. Other ranks never
+  (:class:`~user_plugin.files.lock.DirectoryLock`,
+  :data:`~user_plugin.files.training_state.TRAINING_LOCK`) when fairseq first checks the
+  directory, before anything is built or written; a second training on the same directory stops
+  there with one line naming the holder, and changes nothing. Other ranks never
   touch the lock. A killed run's lock is released by the kernel, and the next run takes it over
   and says so.
 * **No orphans.** Holding the lock, rank 0 removes what killed saves left behind: temporary
@@ -20,18 +21,18 @@ and the trainer look up there at call time, so that:
   again from 0) and ``--reset-dataloader`` (the epochs do) make it a new phase of training,
   which runs.
 * **Intact resumes.** That checkpoint is verified first (zip CRC-32s,
-  :func:`~user_plugin.files.checkpoints.checkpoint_file_problem`). A damaged or missing
+  :func:`~user_plugin.artifacts.checkpoints.checkpoint_file_problem`). A damaged or missing
   ``checkpoint_last.pt`` next to other checkpoints makes the run resume from the newest intact
   one, saying which; with none intact it stops with one line. A checkpoint whose parameters do
   not fit the model being trained (another vocabulary...) is one line naming the parameter and
   both shapes, not a traceback.
 * **Saves fail in one line.** Checkpoints are written by
-  :func:`~user_plugin.files.checkpoints.save_checkpoint` (atomic; a full disk is one line and
+  :func:`~user_plugin.artifacts.checkpoints.save_checkpoint` (atomic; a full disk is one line and
   leaves no partial file; the previous checkpoints stay intact).
 * **What a checkpoint was trained on travels with it.** Every checkpoint saved holds the run's
-  training fingerprint (:mod:`~user_plugin.files.fingerprint`: the sha256 of each dictionary's
+  training fingerprint (:mod:`~user_plugin.artifacts.fingerprint`: the sha256 of each dictionary's
   token order, and the language direction) under the top-level key
-  :data:`~user_plugin.files.fingerprint.KEY`, added to the state fairseq saves. A resume on
+  :data:`~user_plugin.artifacts.fingerprint.KEY`, added to the state fairseq saves. A resume on
   data whose fingerprint differs (same-size dictionaries in another order, swapped languages)
   is one line naming both fingerprints, and so is a resume with other architecture options
   that leave the shapes alone (4 heads resumed with 8...: the fingerprint's architecture
@@ -62,16 +63,16 @@ import os
 import re
 from pathlib import Path
 
-from .files.checkpoints import (
+from ..artifacts.checkpoints import (
     LOAD_ERRORS,
     CheckpointError,
     checkpoint_file_problem,
     load_error,
+    refuse_unusable_file,
     save_checkpoint,
     state_dict_mismatch,
 )
-from .files.errors import UserError, file_error, on_interrupt
-from .files.fingerprint import (
+from ..artifacts.fingerprint import (
     ARCHITECTURE,
     architecture_mismatch,
     dictionary_mismatch,
@@ -86,14 +87,13 @@ from .files.fingerprint import (
     unchecked_note,
     with_architecture,
 )
-from .files.fingerprint import KEY as FINGERPRINT_KEY
-from .files.lock import DirectoryLock
-from .files.training_state import TRAINING_LOCK
+from ..artifacts.fingerprint import KEY as FINGERPRINT_KEY
+from ..files.errors import UserError, file_error, on_interrupt
+from ..files.lock import DirectoryLock
+from ..files.training_state import TRAINING_LOCK
 
 logger = logging.getLogger(__name__)
 
-#: The lock file of a save directory (not a checkpoint name fairseq or the averager matches).
-LOCK_NAME = TRAINING_LOCK
 LAST = "checkpoint_last.pt"
 #: fairseq's own temporary checkpoint files: ``torch_persistent_save`` writes ``NAME.tmp``.
 FAIRSEQ_TEMP = re.compile(r"checkpoint.*\.pt\.tmp")
@@ -118,7 +118,7 @@ def claim_save_dir(save_dir: str | os.PathLike) -> DirectoryLock:
     directory = Path(save_dir).resolve()
     if directory in _locks and _locks[directory].held:
         return _locks[directory]
-    lock = DirectoryLock.acquire(directory, LOCK_NAME, "training run")
+    lock = DirectoryLock.acquire(directory, TRAINING_LOCK, "training run")
     _locks[directory] = lock
     on_interrupt(interrupted_note)
     if lock.previous_holder:
@@ -150,7 +150,7 @@ def remove_orphans(directory: Path) -> list[tuple[Path, int]]:
     """Remove the temporary files that killed saves left in ``directory`` (ours, and fairseq's
     ``checkpoint*.pt.tmp``, which nothing else writes while the lock is held); return them
     with their sizes."""
-    from .files.atomic import remove_stale_temporaries
+    from ..files.atomic import remove_stale_temporaries
 
     removed = remove_stale_temporaries(directory)
     for entry in os.scandir(directory):
@@ -304,7 +304,7 @@ def plan_resume(cfg, trainer) -> dict:
 
 
 def architecture_change(state: dict, path: Path, model_cfg) -> str | None:
-    """The architecture options (:data:`~user_plugin.files.fingerprint.ARCHITECTURE_OPTIONS`)
+    """The architecture options (:data:`~user_plugin.artifacts.fingerprint.ARCHITECTURE_OPTIONS`)
     whose values in the run's model configuration ``model_cfg`` differ from those ``state``
     (read from ``path``) was trained with, naming each with both values; None when they agree
     or when either configuration is unknown."""
@@ -339,7 +339,7 @@ def _is_global_master(trainer) -> bool:
     return distributed_utils.is_master(trainer.cfg.distributed_training)
 
 
-def _guarded_load_checkpoint(load_checkpoint):
+def guarded_load_checkpoint(load_checkpoint):
     @functools.wraps(load_checkpoint)
     def load(cfg, trainer, **passthrough_args):
         from fairseq.distributed import utils as distributed_utils
@@ -369,16 +369,27 @@ def _guarded_load_checkpoint(load_checkpoint):
     return load
 
 
-def _locking_verify_checkpoint_directory(verify_checkpoint_directory):
-    @functools.wraps(verify_checkpoint_directory)
-    def verify(save_dir: str) -> None:
-        claim_save_dir(save_dir)
-        verify_checkpoint_directory(save_dir)
+def locking_train_main(main):
+    """``fairseq_cli.train.main`` that first takes the save directory's lock (process of global
+    rank 0), before anything is built or written."""
+    from argparse import Namespace
 
-    return verify
+    @functools.wraps(main)
+    def train_main(cfg, *args, **kwargs):
+        from fairseq.distributed import utils as distributed_utils
+
+        if isinstance(cfg, Namespace):
+            from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+            cfg = convert_namespace_to_omegaconf(cfg)
+        if distributed_utils.is_master(cfg.distributed_training):
+            claim_save_dir(cfg.checkpoint.save_dir)
+        return main(cfg, *args, **kwargs)
+
+    return train_main
 
 
-def _one_line_torch_persistent_save(torch_persistent_save):
+def one_line_torch_persistent_save(torch_persistent_save):
     @functools.wraps(torch_persistent_save)
     def persistent_save(obj, filename, async_write: bool = False):
         from fairseq.file_io import PathManager
@@ -398,16 +409,35 @@ def _one_line_torch_persistent_save(torch_persistent_save):
     return persistent_save
 
 
-def _verifying_load_checkpoint_to_cpu(load_checkpoint_to_cpu):
+def verifying_load_checkpoint_to_cpu(load_checkpoint_to_cpu):
+    """``checkpoint_utils.load_checkpoint_to_cpu`` that first checks every record of a local
+    file against its CRC-32 (:func:`verified_problem`): a damaged file is one line naming it."""
+
+    @functools.wraps(load_checkpoint_to_cpu)
+    def load_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
+        local = Path(path)
+        if local.is_file():
+            problem = verified_problem(local)
+            if problem is not None:
+                raise CheckpointError(local, problem, unreadable=True)
+        return load_checkpoint_to_cpu(path, arg_overrides=arg_overrides,
+                                      load_on_all_ranks=load_on_all_ranks)
+
+    return load_to_cpu
+
+
+def one_line_load_checkpoint_to_cpu(load_checkpoint_to_cpu):
+    """``checkpoint_utils.load_checkpoint_to_cpu`` whose failures on a local file fairseq cannot
+    load (empty, truncated, foreign, of an old or unknown layout) are one line naming the file
+    and the cause, instead of a traceback."""
+
     @functools.wraps(load_checkpoint_to_cpu)
     def load_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
         local = Path(path)
         if not local.is_file():  # a remote path, or fairseq's own error for a missing file
             return load_checkpoint_to_cpu(path, arg_overrides=arg_overrides,
                                           load_on_all_ranks=load_on_all_ranks)
-        problem = verified_problem(local)
-        if problem is not None:
-            raise CheckpointError(local, problem, unreadable=True)
+        refuse_unusable_file(local, verify=False)
         try:
             return load_checkpoint_to_cpu(path, arg_overrides=arg_overrides,
                                           load_on_all_ranks=load_on_all_ranks)
@@ -470,7 +500,7 @@ def vocabulary_sizes_fit(state: dict, task) -> bool:
     return True
 
 
-def _checking_load_model_ensemble_and_task(load_model_ensemble_and_task):
+def checking_load_model_ensemble_and_task(load_model_ensemble_and_task):
     @functools.wraps(load_model_ensemble_and_task)
     def load(filenames, arg_overrides=None, task=None, *args, **kwargs):
         filenames = check_ensemble(filenames, task, kwargs.get("state"))

@@ -1,4 +1,4 @@
-"""``python -m user_plugin.hub MODEL_DIR``: translate stdin line by line to stdout.
+"""``vaswani-translate MODEL_DIR``: translate stdin line by line to stdout.
 
 Decoding is the paper's (beam 4, GNMT alpha 0.6, source + 50) unless options say otherwise:
 ``--nbest`` prints that many translations per input line (one per output line), ``--sampling``
@@ -13,7 +13,8 @@ translating: what the model gets.
 
 Standard input is read by the project's line rule (only LF ends a line, as ``wc -l`` counts):
 one output line per input line, whatever CR, form feed, NEL or U+2028 a sentence holds. Input
-that is not UTF-8 is refused with one line before anything is translated.
+that is not UTF-8 is refused with one line before anything is translated. Bad input is one line
+``vaswani-translate: error: ...`` and status 1 (argparse's usage errors: status 2).
 """
 
 from __future__ import annotations
@@ -26,10 +27,13 @@ import warnings
 from collections.abc import Sequence
 from typing import IO
 
-from ..files.errors import UserError, file_error
+from ..files.errors import UserError, console_script, file_error
 from ..files.text import BYTE_ORDER_MARK, decode_lines, split_lines
 from ..generation.decoding_options import option_type
-from .loader import load_translator
+from ..hub.loader import load_translator
+from ..paper import BEAM, LENPEN
+
+PROG = "vaswani-translate"
 
 
 def read_input_lines(stream: IO) -> list[str]:
@@ -43,8 +47,9 @@ def read_input_lines(stream: IO) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m user_plugin.hub MODEL_DIR``: translate stdin, one sentence per line."""
-    parser = argparse.ArgumentParser(description=main.__doc__)
+    """``vaswani-translate MODEL_DIR``: translate stdin, one sentence per line. Returns the exit
+    status; bad input raises a :class:`UserError` (:func:`cli_main` prints it as one line)."""
+    parser = argparse.ArgumentParser(prog=PROG, description=main.__doc__.split(". ")[0])
     parser.add_argument("model_dir")
     parser.add_argument("--checkpoints", nargs="+", help="several = an ensemble")
     parser.add_argument("--data-dir")
@@ -52,8 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--target-lang")
     parser.add_argument("--bpe-codes")
     parser.add_argument("--sentencepiece-model")
-    parser.add_argument("--beam", type=option_type("beam"), default=4)
-    parser.add_argument("--lenpen", type=option_type("lenpen"), default=0.6,
+    parser.add_argument("--beam", type=option_type("beam"), default=BEAM)
+    parser.add_argument("--lenpen", type=option_type("lenpen"), default=LENPEN,
                         help="alpha of the GNMT length penalty, from 0 to 10")
     parser.add_argument("--nbest", type=option_type("nbest"), default=1)
     parser.add_argument("--batch-size", type=option_type("batch_size"), default=64)
@@ -68,8 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--temperature", type=option_type("temperature"), default=1.0)
     parser.add_argument("--seed", type=option_type("seed"), help="makes sampling repeatable")
     parser.add_argument("--backend", choices=("fairseq", "ctranslate2"), default="fairseq",
-                        help="ctranslate2: MODEL_DIR is an export of python -m "
-                        "user_plugin.export --to ctranslate2")
+                        help="ctranslate2: MODEL_DIR is an export of vaswani-export --to "
+                        "ctranslate2")
     parser.add_argument("--print-tokens", action="store_true",
                         help="print, per input line, the model tokens it is fed (the text "
                         "pipeline's tokens, <unk> for those outside the vocabulary) instead of "
@@ -103,24 +108,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             sampling=args.sampling, sampling_topk=args.sampling_topk,
             sampling_topp=args.sampling_topp, temperature=args.temperature, seed=args.seed,
         )
-    except (UserError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except ValueError as exc:  # the translator's refusal of an option or a sentence
+        raise UserError(str(exc)) from None
     return write_output(outputs, args.nbest)
 
 
 def write_output(outputs: Sequence, nbest: int) -> int:
     """Write ``outputs`` (one string, or ``nbest`` strings, per input line) to stdout; the exit
-    status (2 with one error line when stdout cannot be written)."""
+    status. A :class:`UserError` when stdout cannot be written."""
     try:
         for output in outputs:
             for text in [output] if nbest == 1 else output:
                 sys.stdout.write(text + "\n")
         sys.stdout.flush()
     except OSError as error:  # a full disk, a closed pipe...
-        print(f"error: {file_error('standard output', error, writing=True)}", file=sys.stderr)
         _silence_stdout()
-        return 2
+        raise file_error("standard output", error, writing=True) from None
     return 0
 
 
@@ -133,3 +136,10 @@ def _silence_stdout() -> None:
         os.close(devnull)
     except (OSError, ValueError, AttributeError):
         pass
+
+
+cli_main = console_script(main, PROG)
+
+
+if __name__ == "__main__":
+    sys.exit(cli_main())

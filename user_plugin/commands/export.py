@@ -1,4 +1,4 @@
-"""``python -m user_plugin.export CHECKPOINT --data-dir DATA_BIN --to
+"""``vaswani-export CHECKPOINT --data-dir DATA_BIN --to
 fairseq|ctranslate2|transformers --output OUT``: export one of our checkpoints (the averaged one
 included).
 
@@ -6,14 +6,14 @@ included).
   ``fairseq-generate DATA_BIN --path OUT`` decodes without ``--user-dir``;
 * ``--to ctranslate2``: OUT is a CTranslate2 model directory (``--quantization`` int8, float32
   ...), with the vocabularies, the text pipeline's subword model and the language pair, which
-  ``load_translator(OUT, backend="ctranslate2")`` and ``python -m user_plugin.hub OUT --backend
+  ``load_translator(OUT, backend="ctranslate2")`` and ``vaswani-translate OUT --backend
   ctranslate2`` translate raw text with;
 * ``--to transformers``: OUT is a Hugging Face transformers model directory (MarianMTModel or
   FSMTForConditionalGeneration with its tokenizer) that ``from_pretrained`` loads, with the text
   pipeline record for the exact tokenization route.
 
-Bad input (a missing or foreign file, an architecture the target cannot express) is one error
-line and nothing is written.
+Bad input (a missing or foreign file, an architecture the target cannot express) is one line
+``vaswani-export: error: ...``, status 1, and nothing is written.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from ..files.errors import run_main
+from ..files.errors import UserError, console_script
 
 PROG = "vaswani-export"
 TARGETS = ("fairseq", "ctranslate2", "transformers")
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 def export(args: argparse.Namespace) -> str:
     """Run the export ``args`` asks for; the line that says what was written."""
     if args.to == "fairseq":
-        from .fairseq_checkpoint import export_fairseq_checkpoint
+        from ..export.fairseq_checkpoint import export_fairseq_checkpoint
 
         for option in ("quantization", "bpe_codes", "sentencepiece_model"):
             if getattr(args, option) is not None:
@@ -68,7 +68,7 @@ def export(args: argparse.Namespace) -> str:
         return (f"wrote {path}: fairseq's transformer (decode with fairseq-generate "
                 f"{args.data_dir} --path {path}, no --user-dir)")
     if args.to == "transformers":
-        from .transformers_model import export_transformers
+        from ..export.transformers_model import export_transformers
 
         if args.quantization is not None:
             raise_usage("--quantization is an option of --to ctranslate2")
@@ -77,8 +77,8 @@ def export(args: argparse.Namespace) -> str:
             target_lang=args.target_lang, bpe_codes=args.bpe_codes,
             sentencepiece_model=args.sentencepiece_model,
             moses=False if args.no_moses else None)
-        return f"wrote {exported.directory}: {exported.summary()}"
-    from .ctranslate2_model import export_ctranslate2
+        return f"wrote {exported.directory}: {exported.summary}"
+    from ..export.ctranslate2_model import export_ctranslate2
 
     if args.bpe_codes is not None:
         from pathlib import Path
@@ -95,16 +95,17 @@ def export(args: argparse.Namespace) -> str:
         sentencepiece_model=args.sentencepiece_model,
         moses=False if args.no_moses else None,
     )
-    return f"wrote {written.directory}: CTranslate2 model ({written.summary()})"
+    return f"wrote {written.directory}: {written.summary}"
 
 
 def raise_usage(message: str) -> None:
-    from ..files.errors import UserError
-
     raise UserError(message)
 
 
-def _main(argv: Sequence[str] | None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line; returns the exit status. Bad input raises a :class:`UserError`
+    (:func:`cli_main` prints it as one line, status 1)."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     args = build_parser().parse_args(argv)
     from pathlib import Path
 
@@ -120,7 +121,8 @@ def _main(argv: Sequence[str] | None) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """The command line; returns the exit status (1 with one error line for bad input)."""
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    return run_main(_main, argv, PROG)
+cli_main = console_script(main, PROG)
+
+
+if __name__ == "__main__":
+    sys.exit(cli_main())
