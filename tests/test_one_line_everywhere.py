@@ -167,16 +167,23 @@ def test_an_interrupted_training_says_which_checkpoint_a_rerun_resumes_from(trai
     save_dir = tmp_path / "checkpoints"
     args = train_into(trained_multi30k, save_dir)
     args[args.index("--max-update") + 1] = "100000"
-    process = subprocess.Popen([sys.executable, "-m", "fairseq_cli.train", *map(str, args)],
-                               cwd=REPO, env=fairseq_env(), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
+    # -X faulthandler: if the interrupt is not answered, SIGABRT makes the process print every
+    # thread's stack, so that the failure says where it was
+    process = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "fairseq_cli.train",
+                                *map(str, args)], cwd=REPO, env=fairseq_env(),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300
         while not (save_dir / "checkpoint_last.pt").exists() and process.poll() is None:
             assert time.monotonic() < deadline, "no checkpoint saved in 300 s"
             time.sleep(0.2)
         process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=120)
+        try:
+            _, stderr = process.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGABRT)
+            _, stderr = process.communicate(timeout=60)
+            pytest.fail(f"SIGINT unanswered for 120 s; the stacks at SIGABRT:\n{stderr[-6000:]}")
     finally:
         if process.poll() is None:
             process.kill()
