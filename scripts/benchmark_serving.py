@@ -407,6 +407,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if directory:
             results.append(benchmark_backend(backend, directory, shlex.split(extra), args,
                                              sentences, reference_text))
+            if args.json_out:  # each backend's figures kept as soon as they are measured
+                atomic_write_text(args.json_out, json.dumps(
+                    {"machine": machine(), "quick": args.quick, "results": results},
+                    indent=1) + "\n")
     print(table(results))
     for result in results:
         if "sacrebleu" in result:
