@@ -167,11 +167,14 @@ def test_an_interrupted_training_says_which_checkpoint_a_rerun_resumes_from(trai
     save_dir = tmp_path / "checkpoints"
     args = train_into(trained_multi30k, save_dir)
     args[args.index("--max-update") + 1] = "100000"
+    # SIGINT as a terminal's Ctrl-C finds it: a suite started in the background (`cmd &` in a
+    # shell without job control) has SIGINT ignored, which every child would inherit.
     # -X faulthandler: if the interrupt is not answered, SIGABRT makes the process print every
-    # thread's stack, so that the failure says where it was
+    # thread's stack, so that the failure says where it was.
     process = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "fairseq_cli.train",
                                 *map(str, args)], cwd=REPO, env=fairseq_env(),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 300
         while not (save_dir / "checkpoint_last.pt").exists() and process.poll() is None:
