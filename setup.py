@@ -29,6 +29,7 @@ setup(
             "vaswani-parse-eval = user_plugin.commands.parse_eval:cli_main",
             "vaswani-step = user_plugin.commands.recipe_step:cli_main",
             "vaswani-export = user_plugin.commands.export:cli_main",
+            "vaswani-package = user_plugin.commands.package:cli_main",
             "vaswani-translate = user_plugin.commands.translate:cli_main",
             "vaswani-serve = user_plugin.commands.serve:cli_main",
         ],

@@ -80,7 +80,7 @@ load_pair() {
 start_pair_run() { load_pair "$@"; activate_venv; setup_paths; }
 
 # setup_paths: the steps' directories (absolute; none created): PREP_DIR, BIN_DIR (= DATA_BIN),
-# CKPT_DIR, AVG_DIR, GEN_DIR, SCORE_DIR (docs/recipes.md). A step empties its directory when
+# CKPT_DIR, AVG_DIR, GEN_DIR, SCORE_DIR, PKG_DIR (the model package; docs/recipes.md). A step empties its directory when
 # redone, so none may be or hold another's, RAW_DIR, WORK_DIR, the repository or HOME.
 setup_paths() {
   local name kept
@@ -92,12 +92,12 @@ setup_paths() {
   BIN_DIR=$(absolute_path "${DATA_BIN:-$WORK_DIR/data-bin}")
   RUN_DIR=$(absolute_path "${RUN_DIR:-$WORK_DIR/$MODEL}")
   CKPT_DIR="$RUN_DIR/checkpoints" AVG_DIR="$RUN_DIR/average"
-  GEN_DIR="$RUN_DIR/generate" SCORE_DIR="$RUN_DIR/score"
+  GEN_DIR="$RUN_DIR/generate" SCORE_DIR="$RUN_DIR/score" PKG_DIR="$RUN_DIR/model"
   kept=("WORK_DIR=$WORK_DIR" "the repository=$REPO_DIR")
   [ -z "${RAW_DIR:-}" ] || kept+=("RAW_DIR=$(absolute_path "$RAW_DIR")")
   [ -z "${HOME:-}" ] || kept+=("HOME=$(absolute_path "$HOME")")
   ask apart "prepare=$PREP_DIR" "binarize=$BIN_DIR" "train=$CKPT_DIR" "average=$AVG_DIR" \
-    "generate=$GEN_DIR" "score=$SCORE_DIR" -- "${kept[@]}" \
+    "generate=$GEN_DIR" "score=$SCORE_DIR" "package=$PKG_DIR" -- "${kept[@]}" \
     || die "$ANSWER: choose DATA_BIN, RUN_DIR, WORK_DIR and RAW_DIR apart"
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one-command demo: a small Transformer trained on Multi30k English->German on a CPU, then
 # checkpoint averaging, beam search (the paper's beam and length penalty, §6.1) on
-# test_2016_flickr and sacreBLEU. It runs the steps of the language pair wmt14_en_de
+# test_2016_flickr and sacreBLEU, and the model package $RUN_DIR/model (model, dictionaries,
+# subword model, manifest with the scores, model card) that every command takes. It runs the steps of the language pair wmt14_en_de
 # (recipes/run_all.sh) on Multi30k (train / val / test_2016_flickr) with a model and schedule of
 # its own, scaled down for 2 CPU cores.
 #
@@ -98,6 +99,7 @@ export MODEL=base DEVICE=cpu PRECISION=fp32
 export ARCH=${ARCH:-vaswani_base}
 export RUN_DIR=${RUN_DIR:-$WORK_DIR/$MODEL}
 unset DATA_BIN             # the data steps' default layout below WORK_DIR
+export TEST_SET_NAME=${TEST_SET_NAME:-Multi30k test_2016_flickr}
 export MAX_UPDATE=${MAX_UPDATE:-1800}
 export MAX_TOKENS=${MAX_TOKENS:-2048}
 export TOKENS_PER_STEP=${TOKENS_PER_STEP:-$MAX_TOKENS}
@@ -154,3 +156,4 @@ log "validation: $(vaswani-plot-training "$RUN_DIR/checkpoints/train.log" --summ
 log "training curves: $RUN_DIR/checkpoints/training_curves.png"
 log "TensorBoard: tensorboard --logdir $RUN_DIR/checkpoints/tensorboard"
 log "translations: $RUN_DIR/generate/hyp.detok.de; wall time ${elapsed}s"
+log "the model package: $RUN_DIR/model (echo 'A dog runs.' | vaswani-translate $RUN_DIR/model)"

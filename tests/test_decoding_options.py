@@ -692,8 +692,8 @@ def test_replace_unk_reads_every_alignment_format():
 def hub_translator(trained_multi30k):
     from user_plugin.hub import load_translator
 
-    return load_translator(trained_multi30k.checkpoint_dir, data_dir=trained_multi30k.data_bin,
-                           source_lang="en", target_lang="de")
+    return load_translator(trained_multi30k.checkpoint_dir / "checkpoint_best.pt",
+                           data_dir=trained_multi30k.data_bin, source_lang="en", target_lang="de")
 
 
 def test_hub_constraints_as_fairseq_interactive(trained_multi30k, hub_translator, tmp_path):

@@ -27,13 +27,13 @@ from user_plugin.artifacts.builtin_transformer import (
     refusal,
     to_builtin_transformer,
 )
-from user_plugin.export.fairseq_checkpoint import non_plain_entry
+from user_plugin.export.fairseq_checkpoint import stock_layout_problem
 from user_plugin.models.transformer_config import VaswaniTransformerConfig
 from user_plugin.models.vaswani_transformer import VaswaniTransformerModel
 
 #: fairseq-generate with nothing of ours importable: any import of ``user_plugin`` raises, and
-#: none may be loaded at the end. torch's safe loading stays on (the environment does not
-#: switch it off), so the checkpoint loads as plain containers or not at all.
+#: none may be loaded at the end (torch's safe loading off, as stock fairseq needs it for the
+#: ``argparse.Namespace`` of its own checkpoints).
 STOCK_GENERATE = """
 import sys
 
@@ -65,8 +65,9 @@ def export(*args, cwd=None) -> subprocess.CompletedProcess:
 
 
 def stock_generate(data_bin, path, tmp_path) -> subprocess.CompletedProcess:
-    env = fairseq_env()
-    env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    # the export is laid out as stock fairseq's own checkpoints (cfg.model a Namespace), which
+    # stock fairseq loads under torch >= 2.6 only with weights_only loading off, as its own
+    env = {**fairseq_env(), "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
     env.pop("PYTHONPATH", None)
     return subprocess.run(
         [sys.executable, "-c", STOCK_GENERATE, str(data_bin), "--path", str(path), *DECODING],
@@ -112,12 +113,18 @@ def test_stock_fairseq_generate_decodes_the_export_as_ours(variant, shipping_mod
 
 
 @pytest.mark.parametrize("variant", sorted(SHIPPING_VARIANTS))
-def test_export_holds_stock_components_in_plain_containers(variant, exported):
+def test_export_holds_stock_components_laid_out_as_stock_fairseq_writes_them(variant, exported):
+    """cfg.model is the legacy transformer's argparse.Namespace (what CTranslate2's converter
+    reads attributes of), with the task's options as fairseq's holds them; all else plain."""
+    import argparse
+
     state = torch.load(exported[variant], map_location="cpu", weights_only=True)
-    assert non_plain_entry(state) is None
+    assert stock_layout_problem(state) is None
     cfg = state["cfg"]
-    assert cfg["model"]["_name"] == cfg["model"]["arch"] == "transformer"
-    assert cfg["model"]["encoder_learned_pos"] and cfg["model"]["decoder_learned_pos"]
+    assert type(cfg["model"]) is argparse.Namespace
+    model = vars(cfg["model"])
+    assert model["_name"] == model["arch"] == "transformer" and model["task"] == "translation"
+    assert model["encoder_learned_pos"] and model["decoder_learned_pos"]
     assert cfg["task"]["_name"] == "translation"
     assert cfg["criterion"]["_name"] == "label_smoothed_cross_entropy"
     assert cfg["common"]["user_dir"] is None
@@ -132,8 +139,8 @@ def test_sinusoids_become_the_learned_table_from_fairseq_padding_offset(shipping
     state = torch.load(exported["postnorm_shared"], map_location="cpu", weights_only=True)
     table = state["model"]["encoder.embed_positions.weight"]
     pad = 1  # fairseq's dictionaries: <s> 0, <pad> 1
-    dim = state["cfg"]["model"]["encoder_embed_dim"]
-    positions = state["cfg"]["model"]["max_source_positions"]
+    dim = state["cfg"]["model"].encoder_embed_dim
+    positions = state["cfg"]["model"].max_source_positions
     assert table.shape == (positions + pad + 1, dim)
     assert torch.equal(table[: pad + 1], torch.zeros(pad + 1, dim))
     assert torch.equal(table[pad + 1:], sinusoidal_table(positions, dim))
@@ -244,7 +251,7 @@ def test_options_beyond_the_paper_export_to_the_same_function(options, shipping_
     our_checkpoint_with(shipping_models.checkpoints["postnorm_shared"], checkpoint, **options)
     output = export_fairseq_checkpoint(checkpoint, shipping_models.data_bin,
                                        tmp_path / "out.pt")
-    model = torch.load(output, map_location="cpu", weights_only=True)["cfg"]["model"]
+    model = vars(torch.load(output, map_location="cpu", weights_only=True)["cfg"]["model"])
     for name, value in options.items():
         if name.endswith("layers_to_keep"):
             assert model[name] is None and model["encoder_layers"] == 1

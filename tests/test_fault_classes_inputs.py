@@ -85,8 +85,8 @@ def decoding_args(trained, *extra) -> list:
 def translator(trained_multi30k):
     from user_plugin.hub import load_translator
 
-    return load_translator(trained_multi30k.checkpoint_dir, data_dir=trained_multi30k.data_bin,
-                           source_lang="en", target_lang="de")
+    return load_translator(trained_multi30k.checkpoint_dir / "checkpoint_best.pt",
+                           data_dir=trained_multi30k.data_bin, source_lang="en", target_lang="de")
 
 
 # --------------------------------------------------------------------------------------------

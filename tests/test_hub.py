@@ -112,7 +112,7 @@ def test_ensemble_of_two_checkpoints(trained_multi30k, translator):
 
 
 def test_languages_are_inferred_from_a_data_dir(trained_multi30k):
-    translator = load_translator(trained_multi30k.checkpoint_dir,
+    translator = load_translator(trained_multi30k.checkpoint_dir / "checkpoint_best.pt",
                                  data_dir=trained_multi30k.data_bin)
     assert translator.task.cfg.source_lang == "en" and translator.task.cfg.target_lang == "de"
     assert type(translator.task).__name__ == "VaswaniTranslationTask"

@@ -191,7 +191,7 @@ def test_an_export_holding_files_it_does_not_list_is_not_replaced(tmp_path):
     """An earlier export is replaced whole only when it holds nothing but what its manifest
     lists: a file the user put there would be deleted with it."""
     from user_plugin.artifacts.errors import ArtifactError
-    from user_plugin.export.export_directory import refuse_foreign_output
+    from user_plugin.artifacts.written_directory import refuse_foreign_output
 
     exp1 = fake_export(tmp_path / "exp1")
     refuse_foreign_output(exp1, "ctranslate2")  # only its own files: may be replaced

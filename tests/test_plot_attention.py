@@ -65,7 +65,7 @@ def test_source_target_pair_from_a_model_dir(trained_multi30k, tmp_path):
 def test_attention_maps_are_distributions_with_the_right_shapes(trained_multi30k):
     from user_plugin.hub import load_translator
 
-    translator = load_translator(trained_multi30k.checkpoint_dir,
+    translator = load_translator(trained_multi30k.checkpoint_dir / "checkpoint_best.pt",
                                  data_dir=trained_multi30k.data_bin)
     src_dict, tgt_dict = translator.task.source_dictionary, translator.task.target_dictionary
     src = src_dict.encode_line("A dog runs on the beach .", add_if_not_exist=False).long()

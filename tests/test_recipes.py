@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli import command
+from cli import command, fairseq_env
 from conftest import REPO, SHARED_DATA, require_data
 
 from user_plugin.commands import prepare_text
@@ -29,7 +29,7 @@ from user_plugin.commands import prepare_text
 RECIPES = REPO / "recipes"
 RUN_ALL = RECIPES / "run_all.sh"
 SCRIPTS = REPO / "scripts"
-STEPS = ["prepare", "binarize", "train", "average", "generate", "score"]
+STEPS = ["prepare", "binarize", "train", "average", "generate", "score", "package"]
 # Settings the recipes read; a value in the caller's environment must not leak into a test.
 RECIPE_VARIABLES = {
     "WORK_DIR", "RAW_DIR", "DOWNLOAD_DIR", "TRAIN_LINES", "MIN_LEN", "MAX_LEN", "LEN_RATIO",
@@ -413,7 +413,7 @@ def test_en_de_chain_scores_all_3003_sentences_with_both_bleus(en_de_chain):
     assert (prepared / "bpe.codes").read_text().count("\n") >= 500  # header + 500 merges
     assert "@@ " in (prepared / "train.en").read_text()
     for step in ("prepared", "data-bin", "base/checkpoints", "base/average", "base/generate",
-                 "base/score"):
+                 "base/score", "base/model"):
         assert (work / step / ".done").is_file(), step
     hyp = (work / "base/generate/hyp.detok.de").read_text(encoding="utf-8")
     assert hyp.count("\n") == 3003 and "@@" not in hyp
@@ -426,6 +426,30 @@ def test_en_de_chain_scores_all_3003_sentences_with_both_bleus(en_de_chain):
     printed = (work / "base/score/bleu.txt").read_text()
     assert "tokenized BLEU" in printed and "sacreBLEU" in printed
     assert "update-freq = ceil(2048 / (2048 tokens x 1 cpu worker(s))) = 1" in result.stderr
+
+
+def test_the_chain_leaves_a_package_with_its_scores_that_translates_alone(en_de_chain):
+    """The package step: every command takes $RUN_DIR/model with no other option, with the
+    outputs of the averaged checkpoint given with its data directory."""
+    work, _, _ = en_de_chain
+    package = work / "base/model"
+    manifest = json.loads((package / "manifest.json").read_text(encoding="utf-8"))
+    scores = json.loads((work / "base/score/bleu.json").read_text(encoding="utf-8"))
+    assert manifest["scores"]["sacrebleu"] == {
+        "score": scores["sacrebleu"]["score"], "signature": scores["sacrebleu"]["signature"]}
+    assert manifest["scores"]["test_set"] == "newstest2014"
+    assert manifest["scores"]["tokenized_bleu"]["compound_split"] is True
+    assert len(manifest["origin"]["checkpoints"][0]["averaged_from"]) == 3
+    assert f"sacreBLEU {scores['sacrebleu']['score']:.1f}" in (package / "README.md").read_text(
+        encoding="utf-8")
+    raw = "A man rides a bike.\nTwo well-known dogs play in the snow.\n"
+    outputs = [subprocess.run([*command("translate"), *map(str, args)], input=raw, text=True,
+                              capture_output=True, env=fairseq_env(), timeout=600, check=False)
+               for args in ([package], [work / "base/average/checkpoint_avg.pt", "--data-dir",
+                                        work / "data-bin"])]
+    for proc in outputs:
+        assert proc.returncode == 0, proc.stderr
+    assert outputs[0].stdout == outputs[1].stdout and "@@" not in outputs[0].stdout
 
 
 def test_en_de_average_loads_as_a_model(en_de_chain):
@@ -444,7 +468,7 @@ def test_en_de_average_loads_as_a_model(en_de_chain):
 def test_rerun_skips_finished_steps_and_redoes_a_partly_deleted_one(en_de_chain):
     work, env, _ = en_de_chain
     dirs = [work / d for d in ("prepared", "data-bin", "base/checkpoints", "base/average",
-                               "base/generate", "base/score")]
+                               "base/generate", "base/score", "base/model")]
     before = {d: output_mtimes(d) for d in dirs}
     result = run_script(RUN_ALL, env, "wmt14_en_de")
     assert result.stderr.count("skipping") == len(STEPS)

@@ -430,7 +430,8 @@ def test_command_errors_are_one_line(model_dir, tmp_path):
     missing = run(str(tmp_path / "nowhere"), "--port", "0")
     assert missing.returncode == 1
     assert missing.stderr.strip().splitlines() == [
-        f"vaswani-serve: error: {tmp_path / 'nowhere'}: no such model directory"]
+        f"vaswani-serve: error: {tmp_path / 'nowhere'}: no such file or directory (a model "
+        "package, a checkpoint with --data-dir, or a CTranslate2 export)"]
     # a model that cannot be loaded: the server stops, one line, status 1
     unusable = run(str(model_dir), "--port", "0")  # no --source-lang: two dictionaries
     assert unusable.returncode == 1

@@ -19,4 +19,6 @@ TRAIN_CORPORA=(
 # Development and test sets (SGM): "archive|url|md5|source member|target member|lines".
 # md5 sums as recorded in sacrebleu's dataset table (wmt13, wmt14/full).
 DEV_SET="wmt13-test.tgz|https://www.statmt.org/wmt13/test.tgz|48eca5d02f637af44e85186847141f67|test/newstest2013-src.en.sgm|test/newstest2013-src.de.sgm|3000"
+# the test set as the model package names it
+TEST_SET_NAME=${TEST_SET_NAME:-newstest2014}
 TEST_SET="wmt14-test-full.tgz|https://www.statmt.org/wmt14/test-full.tgz|a8cd784e006feb32ac6f3d9ec7eb389a|test-full/newstest2014-deen-src.en.sgm|test-full/newstest2014-deen-ref.de.sgm|3003"

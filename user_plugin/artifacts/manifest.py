@@ -18,15 +18,32 @@ from .errors import ArtifactError, read_json
 
 #: The file of an export directory that describes it.
 MANIFEST = "vaswani_export.json"
-#: How messages name an export kind (the value of ``vaswani-export --to``).
-TITLES = {"ctranslate2": "CTranslate2", "transformers": "transformers"}
+#: How messages name a directory kind (an export: the value of ``vaswani-export --to``).
+TITLES = {"ctranslate2": "CTranslate2 export", "transformers": "transformers export",
+          "package": "model package"}
+#: The manifest's file name of each kind other than the exports' :data:`MANIFEST`.
+MANIFEST_NAMES = {"package": "manifest.json"}
 
 
-def file_records(directory: Path) -> dict[str, dict[str, Any]]:
-    """``name -> {"bytes", "sha256"}`` of every file in ``directory`` but the manifest."""
+def manifest_name(kind: str) -> str:
+    """The manifest's file name in a directory of ``kind``."""
+    return MANIFEST_NAMES.get(kind, MANIFEST)
+
+
+def is_hidden(name: str) -> bool:
+    """Whether a file name is hidden (``.name``): such files are never part of a directory of
+    ours, so a record that a tool keeps beside the files (the recipes' ``.done``) neither
+    enters a manifest nor counts as a foreign file."""
+    return name.startswith(".")
+
+
+def file_records(directory: Path, manifest_name: str = MANIFEST) -> dict[str, dict[str, Any]]:
+    """``name -> {"bytes", "sha256"}`` of every file in ``directory`` but the manifest
+    ``manifest_name`` and hidden files."""
     return {
         path.name: {"bytes": path.stat().st_size, "sha256": sha256_of(path)}
-        for path in sorted(directory.iterdir()) if path.is_file() and path.name != MANIFEST
+        for path in sorted(directory.iterdir())
+        if path.is_file() and path.name != manifest_name and not is_hidden(path.name)
     }
 
 
@@ -39,10 +56,10 @@ def read_manifest(directory: str | os.PathLike, format_name: str, kind: str,
     title = TITLES.get(kind, kind)
     how = f"export one with vaswani-export ... --to {kind}"
     if not directory.is_dir():
-        raise ArtifactError(f"{directory}: no such directory (a {title} export: {how})")
+        raise ArtifactError(f"{directory}: no such directory (a {title}: {how})")
     path = directory / MANIFEST
     if not path.is_file():
-        raise ArtifactError(f"{directory}: not a {title} export of vaswani (no {MANIFEST}; "
+        raise ArtifactError(f"{directory}: not a {title} of vaswani (no {MANIFEST}; "
                             f"{how})")
     manifest = read_json(path, "manifest")
     if not isinstance(manifest, dict) or manifest.get("format") != format_name:
@@ -53,30 +70,34 @@ def read_manifest(directory: str | os.PathLike, format_name: str, kind: str,
     return manifest
 
 
-def check_files(directory: Path, manifest: dict) -> None:
-    """Check that every file ``manifest`` lists is in ``directory`` with its recorded size and
-    sha256, and that nothing else is; a one-line error names the first file that differs."""
+def check_files(directory: Path, manifest: dict, manifest_name: str = MANIFEST,
+                what: str = "export") -> None:
+    """Check that every file ``manifest`` (read from ``manifest_name``) lists is in
+    ``directory`` with its recorded size and sha256, and that nothing else but hidden files is;
+    a one-line error names the first file that differs (``what``: how messages name the
+    directory's kind)."""
     recorded = manifest.get("files")
     if not isinstance(recorded, dict) or not recorded:
-        raise ArtifactError(f"{directory / MANIFEST}: lists no files")
-    mixed = "the directory is corrupt or mixed with another export"
+        raise ArtifactError(f"{directory / manifest_name}: lists no files")
+    mixed = f"the directory is corrupt or mixed with another {what}"
     for name, record in recorded.items():
         path = directory / name
-        if not isinstance(record, dict):
-            raise ArtifactError(f"{directory / MANIFEST}: corrupt manifest (entry {name!r})")
+        if not isinstance(record, dict) or Path(name).name != name or is_hidden(name):
+            raise ArtifactError(f"{directory / manifest_name}: corrupt manifest (entry {name!r})")
         if not path.is_file():
-            raise ArtifactError(f"{path}: missing from the export (listed in {MANIFEST})")
+            raise ArtifactError(f"{path}: missing from the {what} (listed in {manifest_name})")
         size = path.stat().st_size
         if size != record.get("bytes"):
-            raise ArtifactError(f"{path}: {size} bytes, but the export wrote "
+            raise ArtifactError(f"{path}: {size} bytes, but the {what} holds "
                                 f"{record.get('bytes')}: {mixed}")
         if sha256_of(path) != record.get("sha256"):
-            raise ArtifactError(f"{path}: content differs from the export (sha256): {mixed}")
+            raise ArtifactError(f"{path}: content differs from the {what}'s (sha256, recorded in "
+                                f"{manifest_name}): {mixed}")
     extra = sorted(p.name for p in directory.iterdir()
-                   if p.name not in recorded and p.name != MANIFEST)
+                   if p.name not in recorded and p.name != manifest_name and not is_hidden(p.name))
     if extra:
-        raise ArtifactError(f"{directory / extra[0]}: not part of the export (mixed with another "
-                            "model's files?)")
+        raise ArtifactError(f"{directory / extra[0]}: not part of the {what} (its {manifest_name} "
+                            "does not list it: mixed with another model's files?)")
 
 
 def check_export(directory: str | os.PathLike, format_name: str, kind: str,

@@ -23,6 +23,7 @@ command                    module
 ``vaswani-parse-eval``     :mod:`.parse_eval`: EVALB-compatible bracket scoring (§6.3)
 ``vaswani-step``           :mod:`.recipe_step`: the recipes' step engine (records, restarts)
 ``vaswani-export``         :mod:`.export`: fairseq / CTranslate2 / transformers exports
+``vaswani-package``        :mod:`.package`: a model package of checkpoints, or its check
 ``vaswani-translate``      :mod:`.translate`: translate stdin with a model dir
 ``vaswani-serve``          :mod:`.serve`: an HTTP translation service (dynamic batching)
 =========================  ================================================================

@@ -1,9 +1,12 @@
-"""``vaswani-export CHECKPOINT --data-dir DATA_BIN --to
-fairseq|ctranslate2|transformers --output OUT``: export one of our checkpoints (the averaged one
-included).
+"""``vaswani-export MODEL --to fairseq|ctranslate2|transformers --output OUT``: export one of
+our models. MODEL is a model package (complete: no other option needed), a checkpoint file with
+``--data-dir``, or a folder holding one checkpoint, opened by the one reader
+(:func:`~user_plugin.artifacts.model_files.open_model`).
 
-* ``--to fairseq``: OUT is a checkpoint of fairseq's built-in ``transformer`` that stock
-  ``fairseq-generate DATA_BIN --path OUT`` decodes without ``--user-dir``;
+* ``--to fairseq``: OUT is a checkpoint of fairseq's built-in ``transformer``, as stock fairseq
+  writes one (its model options an ``argparse.Namespace``), that stock ``fairseq-generate
+  DATA_BIN --path OUT``, ``TransformerModel.from_pretrained`` (with the package as its data
+  folder) and CTranslate2's ``ct2-fairseq-converter`` load without ``--user-dir``;
 * ``--to ctranslate2``: OUT is a CTranslate2 model directory (``--quantization`` int8, float32
   ...), with the vocabularies, the text pipeline's subword model and the language pair, which
   ``load_translator(OUT, backend="ctranslate2")`` and ``vaswani-translate OUT --backend
@@ -31,9 +34,10 @@ TARGETS = ("fairseq", "ctranslate2", "transformers")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", help="one of our checkpoints (e.g. checkpoint_avg.pt)")
-    parser.add_argument("--data-dir", required=True,
-                        help="the fairseq-preprocess output holding dict.<lang>.txt")
+    parser.add_argument("model", metavar="MODEL", help="a model package, a checkpoint file, or "
+                        "a folder holding one checkpoint")
+    parser.add_argument("--data-dir", help="the fairseq-preprocess output holding "
+                        "dict.<lang>.txt, for a checkpoint outside a package")
     parser.add_argument("--to", required=True, choices=TARGETS, help="the target format")
     parser.add_argument("--output", required=True,
                         help="the checkpoint (--to fairseq) or directory (--to ctranslate2)")
@@ -56,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def export(args: argparse.Namespace) -> str:
-    """Run the export ``args`` asks for; the line that says what was written."""
+    """Run the export ``args`` asks for (``args.checkpoint`` and ``args.data_dir`` resolved by
+    :func:`main`); the line that says what was written."""
     if args.to == "fairseq":
         from ..export.fairseq_checkpoint import export_fairseq_checkpoint
 
@@ -80,15 +85,6 @@ def export(args: argparse.Namespace) -> str:
         return f"wrote {exported.directory}: {exported.summary}"
     from ..export.ctranslate2_model import export_ctranslate2
 
-    if args.bpe_codes is not None:
-        from pathlib import Path
-
-        from ..files.dictionaries import bpe_codes_problem
-
-        problem = bpe_codes_problem(args.bpe_codes, sorted(Path(args.data_dir).glob("dict.*.txt")))
-        if problem is not None:
-            raise_usage(f"--bpe-codes {problem}; nothing was written")
-
     written = export_ctranslate2(
         args.checkpoint, args.data_dir, args.output, quantization=args.quantization,
         source_lang=args.source_lang, target_lang=args.target_lang, bpe_codes=args.bpe_codes,
@@ -107,16 +103,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     (:func:`cli_main` prints it as one line, status 1)."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     args = build_parser().parse_args(argv)
-    from pathlib import Path
-
+    from ..artifacts.errors import ArtifactError
+    from ..artifacts.model_files import open_model
     from ..files.atomic import refuse_input_clash
 
+    files = open_model(args.model, data_dir=args.data_dir, bpe_codes=args.bpe_codes,
+                       sentencepiece_model=args.sentencepiece_model)
+    if len(files.checkpoints) > 1:
+        raise ArtifactError(f"{args.model} is an ensemble of {len(files.checkpoints)} models: "
+                            "an export holds one (export each checkpoint)")
     # everything the export reads: an output never is, holds or lies inside one of them, nor
     # is a training checkpoint (a file for --to fairseq, a directory written whole otherwise)
-    inputs = [args.checkpoint, args.data_dir, *Path(args.data_dir).glob("dict.*.txt"),
-              *(path for path in (args.bpe_codes, args.sentencepiece_model) if path)]
-    refuse_input_clash(args.output, inputs)
-    print(f"exporting {args.checkpoint} to {args.to} ({args.output})", file=sys.stderr)
+    refuse_input_clash(args.output, [args.model, *files.checkpoints, files.data_dir,
+                                     *files.inputs()])
+    args.checkpoint, args.data_dir = files.checkpoints[0], files.data_dir
+    if files.manifest is not None:  # a package says its languages
+        args.source_lang, args.target_lang = files.language_pair(None, args.source_lang,
+                                                                 args.target_lang)
+    print(f"exporting {args.model} to {args.to} ({args.output})", file=sys.stderr)
     print(export(args), file=sys.stderr)
     return 0
 

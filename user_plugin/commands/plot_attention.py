@@ -17,7 +17,7 @@ weight (given in the panel title). With only a source sentence, the target is fi
 decoded with the paper's beam search (beam 4, GNMT alpha 0.6); with several checkpoints only
 the first is drawn.
 
-    vaswani-plot-attention --model-dir MODEL_DIR --source "A man rides a bike." \\
+    vaswani-plot-attention --model-dir PACKAGE --source "A man rides a bike." \\
         --out-dir attention/ [--target "Ein Mann fährt Rad."]
     vaswani-plot-attention --checkpoint ckpt/checkpoint_best.pt --data-dir data-bin \\
         --source-lang en --target-lang de --source "..." --out-dir attention/
@@ -50,7 +50,8 @@ from user_plugin.modules.attention_maps import KINDS, attention_maps  # noqa: E4
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--model-dir", type=Path, help="a hub model directory (user_plugin.hub)")
+    where.add_argument("--model-dir", type=Path, help="a model package (or a folder holding one "
+                       "checkpoint, as vaswani-translate takes)")
     where.add_argument("--checkpoint", type=Path, help="a checkpoint file (with --data-dir)")
     parser.add_argument("--data-dir", type=Path,
                         help="fairseq-preprocess output with the dictionaries")
@@ -65,8 +66,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--out-dir", type=Path, required=True)
     parser.add_argument("--dpi", type=int, default=100)
     args = parser.parse_args(argv)
-    if args.checkpoint is not None and args.data_dir is None:
-        parser.error("--checkpoint needs --data-dir (the dictionaries)")
     if not args.source.strip():
         parser.error("--source is empty")
     return args
@@ -77,15 +76,11 @@ def load(args: argparse.Namespace):
     :class:`~user_plugin.artifacts.errors.ArtifactError`, one line naming it."""
     from user_plugin.hub import load_translator
 
-    if args.model_dir is not None:
-        model_dir, checkpoints = args.model_dir, None
-    else:
-        model_dir, checkpoints = args.checkpoint.parent, [args.checkpoint.resolve()]
     def absolute(path: Path | None) -> Path | None:
         return None if path is None else path.resolve()
 
     return load_translator(
-        model_dir, checkpoints=checkpoints, data_dir=args.data_dir,
+        args.model_dir if args.model_dir is not None else args.checkpoint, data_dir=args.data_dir,
         source_lang=args.source_lang, target_lang=args.target_lang,
         bpe_codes=absolute(args.bpe_codes),
         sentencepiece_model=absolute(args.sentencepiece_model),

@@ -51,7 +51,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     defaults = Limits()
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("model_dir", type=Path,
-                        help="a model directory, or a CTranslate2 export with --backend "
+                        help="a model package (or a checkpoint, or a folder holding one), or a "
+                        "CTranslate2 export with --backend "
                         "ctranslate2 (as vaswani-translate takes)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int_between(0, 65535), default=8000,
@@ -116,8 +117,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     limits = Limits(max_body_bytes=args.max_body_bytes, max_sentences=args.max_sentences,
                     max_queue=args.max_queue, deadline=args.deadline, max_beam=args.max_beam,
                     max_batch=args.max_batch, batch_wait=args.batch_wait_ms / 1000)
-    if not args.model_dir.is_dir():
-        raise UserError(f"{args.model_dir}: no such model directory")
+    if not args.model_dir.exists():
+        raise UserError(f"{args.model_dir}: no such file or directory (a model package, a "
+                        "checkpoint with --data-dir, or a CTranslate2 export)")
     settings = ModelSettings(
         model_dir=args.model_dir, backend=args.backend,
         checkpoints=None if args.checkpoints is None else tuple(args.checkpoints),

@@ -1,4 +1,8 @@
-"""``vaswani-translate MODEL_DIR``: translate stdin line by line to stdout.
+"""``vaswani-translate MODEL``: translate stdin line by line to stdout.
+
+MODEL is a model package (the recipes' ``$RUN_DIR/model``, or ``vaswani-package``'s output), a
+checkpoint file with ``--data-dir``, or a folder holding one checkpoint; a CTranslate2 export
+with ``--backend ctranslate2`` (:func:`~user_plugin.artifacts.model_files.open_model`).
 
 Decoding is the paper's (beam 4, GNMT alpha 0.6, source + 50) unless options say otherwise:
 ``--nbest`` prints that many translations per input line (one per output line), ``--sampling``
@@ -47,12 +51,15 @@ def read_input_lines(stream: IO) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``vaswani-translate MODEL_DIR``: translate stdin, one sentence per line. Returns the exit
+    """``vaswani-translate MODEL``: translate stdin, one sentence per line. Returns the exit
     status; bad input raises a :class:`UserError` (:func:`cli_main` prints it as one line)."""
     parser = argparse.ArgumentParser(prog=PROG, description=main.__doc__.split(". ")[0])
-    parser.add_argument("model_dir")
-    parser.add_argument("--checkpoints", nargs="+", help="several = an ensemble")
-    parser.add_argument("--data-dir")
+    parser.add_argument("model_dir", metavar="MODEL",
+                        help="a model package, a checkpoint file, or a folder holding one")
+    parser.add_argument("--checkpoints", nargs="+",
+                        help="the checkpoints of a folder holding several (several: an ensemble)")
+    parser.add_argument("--data-dir", help="the folder of the dictionaries, for a checkpoint "
+                        "that is not in a package")
     parser.add_argument("--source-lang")
     parser.add_argument("--target-lang")
     parser.add_argument("--bpe-codes")

@@ -42,9 +42,9 @@ from ..artifacts.ctranslate2_layout import (
 from ..artifacts.errors import ArtifactError
 from ..artifacts.our_model import load_our_model, probe_batch
 from ..artifacts.text_pipeline import SHIPPED_MODEL_NAMES
+from ..artifacts.written_directory import ExportedDirectory, refuse_foreign_output, write_export
 from ..files.errors import UserError
 from ..paper import BEAM, LENPEN, MAX_LEN_OVER_SOURCE
-from .export_directory import ExportedDirectory, refuse_foreign_output, write_export
 
 #: Largest difference between our model's and the float32 CTranslate2 model's token
 #: log-probabilities on the verification batch (different GEMM kernels, same float32).

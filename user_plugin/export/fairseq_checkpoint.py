@@ -1,13 +1,18 @@
 """Export one of our checkpoints as a checkpoint of fairseq's own ``transformer`` architecture.
 
-The written file is what stock fairseq reads without ``--user-dir``, under torch's
-``weights_only`` safe loading:
+The written file is what stock fairseq itself writes for its ``transformer``, so that every
+tool that reads stock checkpoints reads it the same way (``fairseq-generate``,
+``TransformerModel.from_pretrained``, CTranslate2's ``ct2-fairseq-converter``), without
+``--user-dir``:
 
-* ``cfg`` holds plain containers only (fairseq's loader turns it into an omegaconf config); an
-  ``argparse.Namespace`` (what fairseq's legacy ``transformer`` would store) is refused by
-  safe loading. ``cfg.model`` is the built-in's flat option dictionary with ``_name`` and
-  ``arch`` ``transformer``: fairseq's ``build_model`` finds the legacy model by that name,
-  applies its ``base_architecture`` to the dictionary and builds it;
+* ``cfg.model`` is an ``argparse.Namespace``, as fairseq 0.12 stores the options of its legacy
+  models: the built-in's model options with ``_name`` and ``arch`` ``transformer``, ``task``
+  ``translation`` and the task's options. fairseq's ``build_model`` finds the legacy model by
+  that name and builds it; CTranslate2's converter sets its ``data`` and sets up the task from
+  it. Like every checkpoint stock fairseq writes, it needs ``argparse.Namespace`` allowed by
+  torch's ``weights_only`` loading (torch >= 2.6): ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` for
+  stock fairseq, ``--unsafe_deserialization`` or ``--user_dir`` of ours (an allow-list) for the
+  converter. Everything else in ``cfg`` is plain containers;
 * every other section names only stock components: the task is ``translation`` (ours adds only
   decoding settings), our label-smoothed criterion becomes fairseq's
   ``label_smoothed_cross_entropy`` (the same loss), our LR scheduler and the plugin directory are
@@ -33,6 +38,7 @@ stock ``transformer`` and run on a test batch beside our model.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 from pathlib import Path
@@ -80,10 +86,13 @@ def exported_config(cfg: Any, model_cfg: Any, data_dir: Path) -> dict:
     plain = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     model = dict(vars(builtin_options(model_cfg)))
     model.update(_name=BUILTIN_MODEL, arch=BUILTIN_MODEL)
-    plain["model"] = model
     task = _stock_fields(TranslationConfig, plain.get("task") or {})
     task.update(_name="translation", data=str(data_dir), eval_bleu=False)
     plain["task"] = task
+    # the legacy model's Namespace holds the task's options too, as fairseq's does; the
+    # model's win where both have one (the position limits)
+    task_options = {key: value for key, value in task.items() if key != "_name"}
+    plain["model"] = argparse.Namespace(**{**task_options, "task": "translation", **model})
     criterion = plain.get("criterion") or {}
     stock = STOCK_CRITERIA.get(criterion.get("_name"))
     if stock is not None:
@@ -138,6 +147,17 @@ def exported_state(state: dict, ours: nn.Module, theirs: nn.Module, data_dir: Pa
 PLAIN_TYPES = (str, int, float, bool, type(None))
 
 
+def stock_layout_problem(state: dict) -> str | None:
+    """What keeps ``state`` from being a checkpoint as stock fairseq writes it: ``cfg.model``
+    an ``argparse.Namespace`` of plain values, every other entry a plain container, scalar or
+    tensor (:func:`non_plain_entry`); None when it is one."""
+    cfg = state.get("cfg")
+    model = cfg.get("model") if isinstance(cfg, dict) else None
+    if type(model) is not argparse.Namespace:
+        return f"checkpoint.cfg.model: {type(model).__name__}, not an argparse.Namespace"
+    return non_plain_entry({**state, "cfg": {**cfg, "model": vars(model)}})
+
+
 def non_plain_entry(value: Any, where: str = "checkpoint") -> str | None:
     """The first entry of ``value`` that is neither a plain container (dict with string keys,
     list, tuple), a plain scalar nor a tensor, as ``where.key: type``; None when all are."""
@@ -175,16 +195,17 @@ def max_difference(ours: nn.Module, theirs: nn.Module, task: Any) -> float:
 
 
 def verify_export(path: Path, ours: nn.Module, task: Any) -> None:
-    """Reload the written file as stock fairseq does and check it: safe loading, plain
-    containers only, fairseq's loader builds a ``transformer`` from it alone, and that model
-    gives our log-probabilities (:data:`VERIFY_TOLERANCE`)."""
+    """Reload the written file as stock fairseq does and check it: safe loading (``Namespace``
+    allowed, as the plugin allows it), stock fairseq's layout, fairseq's loader builds a
+    ``transformer`` from it alone, and that model gives our log-probabilities
+    (:data:`VERIFY_TOLERANCE`)."""
     from fairseq import checkpoint_utils
     from fairseq.models.transformer import TransformerModel
 
     state = torch.load(path, map_location="cpu", weights_only=True)
-    found = non_plain_entry(state)
+    found = stock_layout_problem(state)
     if found:
-        raise ArtifactError(f"{path}: export holds a non-plain entry ({found})")
+        raise ArtifactError(f"{path}: not laid out as stock fairseq's checkpoints ({found})")
     models, _, _ = checkpoint_utils.load_model_ensemble_and_task([str(path)])
     theirs = models[0].eval()
     if type(theirs) is not TransformerModel:
@@ -205,9 +226,9 @@ def export_fairseq_checkpoint(checkpoint: str | os.PathLike, data_dir: str | os.
     ours, task, state = load_our_model(checkpoint, data_dir, source_lang, target_lang)
     theirs = to_builtin_transformer(ours, task)
     exported = exported_state(state, ours, theirs, data_dir.resolve())
-    found = non_plain_entry(exported)
+    found = stock_layout_problem(exported)
     if found:
-        raise ArtifactError(f"{checkpoint}: cannot store {found} in a safely loadable checkpoint")
+        raise ArtifactError(f"{checkpoint}: cannot store {found} in a stock checkpoint")
 
     def write(temp: str) -> None:
         torch_save(exported, temp)  # a full disk: one line, not torch's RuntimeError

@@ -57,8 +57,8 @@ from ..artifacts.transformers_layout import (
     check_transformers_export,
     require_transformers,
 )
+from ..artifacts.written_directory import ExportedDirectory, refuse_foreign_output, write_export
 from ..paper import BEAM, LENPEN
-from .export_directory import ExportedDirectory, refuse_foreign_output, write_export
 
 #: Largest difference allowed between our and the exported model's log-probabilities.
 VERIFY_TOLERANCE = 1e-4

@@ -4,7 +4,7 @@
 
     from user_plugin.hub import load_translator
 
-    translator = load_translator("path/to/model_dir", source_lang="en", target_lang="de")
+    translator = load_translator("path/to/package")             # a model package
     translator.translate("A man is riding a bike.")            # -> "Ein Mann fährt ..."
     translator.translate(["One sentence.", "Another one."])    # -> [str, str]
     translator.translate("A dog runs.", nbest=3)               # -> [str, str, str], best first
@@ -13,18 +13,17 @@
     translator.translate("A dog runs.", sampling=True, nbest=3, sampling_topk=10, seed=1)
     translator.translate_tokens(["A dog runs ."], alignment=True)  # + (source, target) pairs
 
-A model directory holds (names tried in this order, each overridable by a keyword):
+A model is opened by the one reader,
+:func:`~user_plugin.artifacts.model_files.open_model`:
 
-* checkpoints: ``checkpoint_best.pt``, ``checkpoint_last.pt``, ``model.pt``,
-  ``checkpoint_avg.pt`` (or ``checkpoints=``, paths relative to the directory or absolute;
-  several = an ensemble);
-* the dictionaries ``dict.<src>.txt`` and ``dict.<tgt>.txt`` (or ``data_dir=`` a
-  ``fairseq-preprocess`` output);
-* the text pipeline record ``text_pipeline.json`` with its subword model (the recipes' average
-  step puts both beside ``checkpoint_avg.pt``), else an optional subword model:
-  subword-nmt codes ``bpecodes`` / ``bpe.codes`` / ``codes`` / ``code``
-  (``bpe_codes=``), or a SentencePiece model ``sentencepiece.bpe.model`` / ``spm.model``
-  (``sentencepiece_model=``).
+* a **model package** (``vaswani-package``, or the recipes' ``$RUN_DIR/model``): complete, every
+  file checked against its manifest; the usual thing to hand around;
+* a checkpoint file, with ``data_dir=`` the folder of its ``dict.<src>.txt`` and
+  ``dict.<tgt>.txt`` (a ``fairseq-preprocess`` output) unless they are beside it;
+* a folder holding exactly one checkpoint (several: ``checkpoints=`` picks, paths relative to
+  the folder or absolute; several = an ensemble); its text pipeline record
+  ``text_pipeline.json`` beside it or in ``data_dir``, else a subword model by its usual name
+  (``bpecodes``, ``spm.model``, ...) or ``bpe_codes=`` / ``sentencepiece_model=``.
 
 Raw text goes through the model's text pipeline
 (:class:`~user_plugin.artifacts.text_pipeline.TextPipeline`): the ``text_pipeline.json``
@@ -61,11 +60,10 @@ directory's files are found by :mod:`user_plugin.artifacts.model_files`.
 from ..artifacts.errors import ArtifactError
 from ..artifacts.model_files import (
     BPE_CODES_NAMES,
-    CHECKPOINT_NAMES,
     SENTENCEPIECE_NAMES,
     ModelFiles,
-    find_model_files,
     language_pair,
+    open_model,
 )
 from ..artifacts.text_pipeline import TextPipeline
 from .loader import load_translator
@@ -76,14 +74,13 @@ _max_source_tokens = max_source_tokens
 
 __all__ = [
     "BPE_CODES_NAMES",
-    "CHECKPOINT_NAMES",
     "SENTENCEPIECE_NAMES",
     "ArtifactError",
     "ModelFiles",
     "TextPipeline",
     "Translator",
-    "find_model_files",
     "language_pair",
     "load_translator",
     "max_source_tokens",
+    "open_model",
 ]

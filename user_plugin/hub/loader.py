@@ -1,5 +1,6 @@
-"""Loading a translator from a model directory: its files, then the checkpoints' task and
-models through fairseq, then the text codec.
+"""Loading a translator: the model's files through the one reader
+(:func:`~user_plugin.artifacts.model_files.open_model`), then the checkpoints' task and models
+through fairseq, then the text pipeline.
 
 Decoding defaults are the paper's: beam 4, GNMT length penalty with alpha 0.6, at most source
 length + 50 output tokens per sentence (the ``vaswani_translation`` task's generator).
@@ -10,13 +11,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
-from pathlib import Path
 
 from .. import registration  # noqa: F401  (the models, task and criterion checkpoints name)
 from ..artifacts.checkpoints import build_models, read_model_checkpoint, setup_task
 from ..artifacts.errors import ArtifactError
 from ..artifacts.fingerprint import ensemble_mismatch, stored_fingerprint
-from ..artifacts.model_files import find_model_files, language_pair, model_text_pipeline
+from ..artifacts.model_files import open_model
 from ..generation.decoding_options import check_values
 from ..generation.gnmt_sequence_generator import penalty_function
 from ..paper import BEAM, LENPEN, MAX_LEN_OVER_SOURCE
@@ -43,7 +43,8 @@ def load_translator(
     device: str = "cpu",
     backend: str = "fairseq",
 ) -> TextTranslator:
-    """Load a model directory (see :mod:`user_plugin.hub.model_files`); raises
+    """Load a model: a model package, a checkpoint file (with ``data_dir``), or a folder holding
+    one checkpoint (:func:`~user_plugin.artifacts.model_files.open_model`); raises
     :class:`ArtifactError` naming the file when something is missing or unreadable, and a
     :class:`~user_plugin.generation.decoding_options.DecodingOptionError` (a ``ValueError``)
     for a decoding setting out of its range, before reading anything.
@@ -75,25 +76,21 @@ def load_translator(
         )
     if backend != "fairseq":
         raise ArtifactError(f"backend must be 'fairseq' or 'ctranslate2', got {backend!r}")
-    files = find_model_files(model_dir, checkpoints, data_dir, bpe_codes, sentencepiece_model)
+    files = open_model(model_dir, checkpoints, data_dir, bpe_codes, sentencepiece_model)
     states = [read_model_checkpoint(path) for path in files.checkpoints]
     mismatch = ensemble_mismatch([(path, stored_fingerprint(state))
                                   for path, state in zip(files.checkpoints, states)])
     if mismatch is not None:
         raise ArtifactError(mismatch)
-    task_cfg = states[0]["cfg"].task
-    src, tgt = language_pair(files.data_dir, source_lang, target_lang, task_cfg)
-    task = setup_task(task_cfg, files.data_dir, src, tgt, length_penalty_form,
+    src, tgt = files.language_pair(states[0], source_lang, target_lang)
+    # the text pipeline is checked before the models are built: a refusal costs nothing
+    codec, note = files.text_pipeline(src, tgt, moses)
+    task = setup_task(states[0]["cfg"].task, files.data_dir, src, tgt, length_penalty_form,
                       max_len_over_source)
     models = build_models(task, files.checkpoints, states, device)
-    model_dir = Path(model_dir)
-    codec, note = model_text_pipeline(
-        [model_dir, files.data_dir], src, tgt,
-        bpe_codes=None if bpe_codes is None else files.bpe_codes,
-        sentencepiece_model=None if sentencepiece_model is None else files.sentencepiece_model,
-        moses=moses, found=(files.bpe_codes, files.sentencepiece_model),
-    )
     if note is not None:
         logger.warning(note)
-    return Translator(task, models, codec, beam=beam, lenpen=lenpen, batch_size=batch_size,
-                      max_tokens=max_tokens)
+    translator = Translator(task, models, codec, beam=beam, lenpen=lenpen,
+                            batch_size=batch_size, max_tokens=max_tokens)
+    translator.model_files = files
+    return translator

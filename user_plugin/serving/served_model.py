@@ -23,7 +23,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..artifacts.digests import sha256_of
 from ..paper import BEAM, LENPEN, MAX_LEN_OVER_SOURCE
 from .request_body import DecodingOptions, RequestError
 
@@ -78,7 +77,6 @@ class ServedModel:
         import torch
 
         from ..artifacts.fingerprint import task_fingerprint
-        from ..artifacts.model_files import find_model_files
         from ..hub import load_translator
 
         if settings.threads:
@@ -89,11 +87,10 @@ class ServedModel:
             bpe_codes=settings.bpe_codes, sentencepiece_model=settings.sentencepiece_model,
             beam=settings.beam, lenpen=settings.lenpen, batch_size=settings.batch_size,
         )
-        files = find_model_files(settings.model_dir, settings.checkpoints, settings.data_dir,
-                                 settings.bpe_codes, settings.sentencepiece_model)
+        files = translator.model_files
         identity = {
             "backend": "fairseq",
-            "checkpoints": [sha256_of(path) for path in files.checkpoints],
+            "checkpoints": files.checkpoint_sha256(),
             "training_data": task_fingerprint(translator.task),
             "text_pipeline": translator.codec.record(),
         }

@@ -1,7 +1,8 @@
-"""Writing an export directory whole: staged beside the output, described by its manifest
-(:mod:`user_plugin.artifacts.manifest`), checked, then moved into place.
+"""Writing a directory of ours whole (an export, a model package): staged beside the output,
+described by its manifest (:mod:`user_plugin.artifacts.manifest`), checked, then moved into
+place.
 
-An export is written into a temporary directory next to ``--output`` (same file system), the
+Such a directory is written into a temporary directory next to ``--output`` (same file system), the
 manifest records every file's size and sha256, the directory is checked as a reader would check
 it, and only then replaces the output. An existing output is replaced only when it is one of our
 exports (or empty), so a user's other directory is never overwritten, and a failure at any step
@@ -17,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..artifacts.errors import ArtifactError
-from ..artifacts.manifest import MANIFEST, TITLES, file_records
 from ..files.atomic import atomic_write_text, make_temp_dir
 from ..files.errors import file_error, note_written, os_error_of
+from .errors import ArtifactError
+from .manifest import TITLES, file_records, is_hidden, manifest_name
 
 
 @dataclass(frozen=True)
@@ -38,12 +39,14 @@ def refuse_foreign_output(output: Path, kind: str) -> None:
     (``kind`` is the value of ``--to``), or when it is an export of ours that holds anything
     its manifest does not list (a file the user put there, such as the checkpoint it was
     exported from): replacing the export would delete it."""
+    manifest = manifest_name(kind)
     if output.exists() and (not output.is_dir() or (
-            any(output.iterdir()) and not (output / MANIFEST).is_file())):
-        raise ArtifactError(f"{output}: exists and is not a {TITLES.get(kind, kind)} export of "
+            any(output.iterdir()) and not (output / manifest).is_file())):
+        raise ArtifactError(f"{output}: exists and is not a {TITLES.get(kind, kind)} of "
                             "vaswani; remove it or choose another --output")
-    if output.is_dir() and (output / MANIFEST).is_file():
-        foreign = sorted(set(os.listdir(output)) - set(listed_files(output)) - {MANIFEST})
+    if output.is_dir() and (output / manifest).is_file():
+        foreign = sorted(name for name in set(os.listdir(output))
+                         - set(listed_files(output, kind)) - {manifest} if not is_hidden(name))
         if foreign:
             more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
             raise ArtifactError(f"{output}: holds {output / foreign[0]}{more}, which is not "
@@ -52,11 +55,11 @@ def refuse_foreign_output(output: Path, kind: str) -> None:
                                 "--output (nothing was written)")
 
 
-def listed_files(directory: Path) -> list[str]:
-    """The file names the manifest of the export ``directory`` lists (none when it cannot be
+def listed_files(directory: Path, kind: str) -> list[str]:
+    """The file names the manifest of ``directory``, of ``kind``, lists (none when it cannot be
     read: then nothing in the directory counts as the export's)."""
     try:
-        manifest = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
+        manifest = json.loads((directory / manifest_name(kind)).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return []
     files = manifest.get("files") if isinstance(manifest, dict) else None
@@ -90,8 +93,9 @@ def write_export(output: Path, kind: str, manifest: dict, fill: Callable[[Path],
         directory = staging / "model"
         directory.mkdir()
         fill(directory)
-        manifest["files"] = file_records(directory)
-        atomic_write_text(directory / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+        manifest["files"] = file_records(directory, manifest_name(kind))
+        atomic_write_text(directory / manifest_name(kind),
+                          json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
         check(directory)
         replace_directory(directory, output, kind)
     except Exception as error:  # a full disk in a library's writer (safetensors...) too
