@@ -225,8 +225,8 @@ def package_manifest(states: Sequence[Mapping], paths: Sequence[Path], source_la
 
 def model_only(state: Mapping, source_lang: str, target_lang: str) -> dict:
     """``state`` without optimizer state and EMA copies, its configuration as plain containers
-    (as fairseq writes it) naming the language pair, so that fairseq's own commands need no
-    ``--source-lang``/``--target-lang`` with the package: what a released model holds."""
+    (as fairseq writes it) naming the language pair it was trained on: what a released model
+    holds."""
     from omegaconf import OmegaConf
 
     from .averaging import DROPPED_EXTRA_FIELDS, DROPPED_FIELDS
