@@ -67,6 +67,9 @@ def read_package(directory: str | os.PathLike) -> dict:
     file that differs."""
     directory = Path(directory)
     path = directory / MANIFEST
+    if not path.is_file():
+        raise ArtifactError(f"{directory}: not a model package (no {MANIFEST}; make one with "
+                            "vaswani-package)")
     manifest = read_json(path, "package manifest")
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else None
