@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from cli import REPO
 
-COMMAND_WORD = re.compile(r"(?<![\w./-])vaswani-[a-z][a-z0-9-]*[a-z0-9](?![\w-]|\.\w)")
+#: A command's name in prose (not a format name such as ``vaswani-model/1``, nor a file name).
+COMMAND_WORD = re.compile(r"(?<![\w./-])vaswani-[a-z][a-z0-9-]*[a-z0-9](?![\w/-]|\.\w)")
 
 
 def console_scripts() -> dict:

@@ -756,7 +756,7 @@ def test_hub_command_line_constraints_and_sampling(trained_multi30k, capsys, mon
 
     from user_plugin.commands.translate import main
 
-    model = trained_multi30k.checkpoint_dir
+    model = trained_multi30k.checkpoint_dir / "checkpoint_best.pt"
     base = [str(model), "--data-dir", str(trained_multi30k.data_bin),
             "--source-lang", "en", "--target-lang", "de"]
     monkeypatch.setattr("sys.stdin", io.StringIO("A dog runs .\tHund\tSchnee\nA man .\n"))

@@ -238,8 +238,8 @@ def test_nfd_and_nfc_input_give_the_same_tokens_and_translation(trained_multi30k
     assert tokens[0] == tokens[1] and "<unk>" not in tokens[0]
     assert translator.codec.unicode_normalization == "NFC"
     assert translator.translate(nfd) == translator.translate(SOURCE)
-    proc = hub_cli([trained_multi30k.checkpoint_dir, "--data-dir", trained_multi30k.data_bin,
-                    "--print-tokens"], f"{SOURCE}\n{nfd}\n")
+    proc = hub_cli([trained_multi30k.checkpoint_dir / "checkpoint_best.pt", "--data-dir",
+                    trained_multi30k.data_bin, "--print-tokens"], f"{SOURCE}\n{nfd}\n")
     assert proc.returncode == 0, proc.stderr
     first, second = proc.stdout.splitlines()
     assert first == second == tokens[0]
@@ -518,7 +518,7 @@ def test_the_hub_refuses_an_empty_sentence_with_constraints(trained_multi30k, tr
     with pytest.raises(ValueError, match="sentence 1 is empty but has the constraints"):
         translator.translate(["", "A dog runs ."], constraints=[["Hund"], []])
     assert translator.translate(["", "A dog runs ."], constraints=[[], ["Hund"]])[0] == ""
-    proc = hub_cli([trained_multi30k.checkpoint_dir, "--data-dir", trained_multi30k.data_bin,
-                    "--constraints"], "A dog .\n\tHund\n")
+    proc = hub_cli([trained_multi30k.checkpoint_dir / "checkpoint_best.pt", "--data-dir",
+                    trained_multi30k.data_bin, "--constraints"], "A dog .\n\tHund\n")
     assert proc.returncode == 1 and proc.stdout == ""
     assert "sentence 2 is empty but has the constraints ['Hund']" in one_error_line(proc.stderr)

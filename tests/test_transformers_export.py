@@ -216,7 +216,7 @@ def test_the_hub_from_raw_text_scores_as_the_recipe_path(bpe, tmp_path):
     extracted and detokenized by vaswani-prepare-text): one pipeline on both sides."""
     import sacrebleu
 
-    translator = load_translator(bpe.model_dir, data_dir=bpe.data_bin)
+    translator = load_translator(bpe.checkpoint, data_dir=bpe.data_bin)
     hub = translator.translate(bpe.raw_test)
     proc = run_fairseq("generate", [
         bpe.data_bin, "--user-dir", USER_DIR, "--task", "vaswani_translation",

@@ -8,9 +8,12 @@ checkpoint carries, and the identity of its parameters by content), :mod:`.avera
 of the last checkpoints, §6.1), :mod:`.builtin_transformer` (our model <-> fairseq's
 ``transformer``: parameter names, options, conversion), :mod:`.our_model` (our model and task
 read back from a checkpoint, for every exporter), :mod:`.text_pipeline` (:class:`TextPipeline`,
-raw text <-> model tokens, and its record), :mod:`.model_files` (a model directory's
-checkpoints, dictionaries, subword model, language pair), :mod:`.manifest` (an export
-directory's manifest: every file's size and sha256, checked before use),
+raw text <-> model tokens, and its record), :mod:`.model_files` (the one reader of
+trained models: a model package, a checkpoint, or a folder holding one; dictionaries, subword
+model, language pair), :mod:`.package` (the model package: one self-describing folder, read and
+checked against its manifest), :mod:`.packaging` (writing one), :mod:`.manifest` (the manifest
+of a directory of ours: every file's size and sha256, checked before use),
+:mod:`.written_directory` (writing such a directory whole),
 :mod:`.ctranslate2_layout` (a CTranslate2 export directory), :mod:`.transformers_layout` (the
 files of a Hugging Face transformers export).
 

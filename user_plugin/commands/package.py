@@ -56,7 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
-    from ..artifacts.package import describe, read_package, read_scores, write_package
+    from ..artifacts.package import describe, read_package
+    from ..artifacts.packaging import read_scores, write_package
 
     if args.check is not None:
         if args.checkpoints or args.output is not None:
