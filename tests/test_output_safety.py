@@ -13,6 +13,7 @@ import importlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -275,3 +276,41 @@ def test_averaging_into_its_save_directory_stays_allowed(tmp_path, capsys):
     assert status == 0, capsys.readouterr().err
     assert "last_optimizer_state" not in torch.load(save_dir / "checkpoint_avg.pt",
                                                     weights_only=True)
+
+
+def special_files(directory: Path) -> dict[str, Path]:
+    """A named pipe, and as root a character device (the null device's numbers), in
+    ``directory``: never the machine's own /dev nodes."""
+    nodes = {"named pipe": directory / "fifo"}
+    os.mkfifo(nodes["named pipe"])
+    if os.geteuid() == 0:
+        nodes["character device"] = directory / "null"
+        os.mknod(nodes["character device"], 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    return nodes
+
+
+def test_an_output_onto_a_device_or_pipe_is_refused_and_the_node_stays(tmp_path, capsys):
+    """As root, vaswani-score --output-json /dev/full replaced the device with a regular file,
+    and vaswani-average --output DEVICE wrote a 2.7 MB regular file in its place: the one
+    writer renamed over whatever the path named."""
+    from user_plugin.commands import average_checkpoints, score_translation
+
+    nodes = special_files(tmp_path)
+    (tmp_path / "hyp").write_text("Ein Hund .\n", encoding="utf-8")
+    (tmp_path / "ref").write_text("Ein Hund .\n", encoding="utf-8")
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    tiny_checkpoint(checkpoints / "checkpoint_1_10.pt")
+    for kind, node in nodes.items():
+        with pytest.raises(UserError, match=f"a {kind}, not a regular file"):
+            atomic_write_text(node, "text")
+        status = run_main(score_translation.main, [
+            "--hyp", str(tmp_path / "hyp"), "--ref", str(tmp_path / "ref"), "--target-lang",
+            "de", "--output-json", str(node)], score_translation.PROG)
+        assert status == 1 and f"a {kind}" in one_error_line(capsys.readouterr().err)
+        status = run_main(average_checkpoints.main, [
+            "--inputs", str(checkpoints / "checkpoint_1_10.pt"), "--output", str(node)],
+            average_checkpoints.PROG)
+        assert status == 1 and f"a {kind}" in one_error_line(capsys.readouterr().err)
+        mode = node.lstat().st_mode
+        assert (stat.S_ISFIFO(mode) if kind == "named pipe" else stat.S_ISCHR(mode)), kind

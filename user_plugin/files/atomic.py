@@ -27,6 +27,7 @@ import fcntl
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -104,6 +105,30 @@ def _within(directory: str | os.PathLike, path: str | os.PathLike) -> bool:
                for ancestor in Path(os.path.realpath(path)).parents)
 
 
+#: The kinds of file an output never is, by the test of their mode.
+SPECIAL_FILES = ((stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+                 (stat.S_ISFIFO, "named pipe"), (stat.S_ISSOCK, "socket"))
+
+
+def special_file_problem(output: str | os.PathLike) -> str | None:
+    """Why ``output`` cannot be written: it exists (links followed) and is a device, a named
+    pipe or a socket. Such a target is refused rather than written through: an output is
+    written whole beside its path and moved into place, which would replace the node itself
+    (as root, ``/dev/full`` became a regular file); writing through instead would block on a
+    pipe nobody reads, destroy a disk given as a block device, and give the command's checks
+    of what it wrote (a reloaded checkpoint) nothing to read."""
+    try:
+        mode = os.stat(output).st_mode
+    except (OSError, ValueError):
+        return None
+    for test, kind in SPECIAL_FILES:
+        if test(mode):
+            return (f"{output}: a {kind}, not a regular file; an output is written as a new "
+                    "file and moved into place, which would replace it: give the path of a "
+                    "regular file (nothing was written)")
+    return None
+
+
 def refuse_input_clash(output: str | os.PathLike, inputs: Sequence[str | os.PathLike] = (),
                        training_save: bool = False) -> None:
     """Raise a one-line :class:`UserError` when writing ``output`` (a file, or a directory
@@ -118,12 +143,16 @@ def refuse_input_clash(output: str | os.PathLike, inputs: Sequence[str | os.Path
       is read, or identified by its content, as a whole);
     * it is a training checkpoint, or a checkpoint name of a training run's save directory
       (:func:`~user_plugin.files.training_state.training_checkpoint_problem`), unless
-      ``training_save`` (a training run writing its own checkpoints).
+      ``training_save`` (a training run writing its own checkpoints);
+    * it is a device, a named pipe or a socket (:func:`special_file_problem`).
 
     Called by every atomic write given its inputs, before anything is written, and by commands
     before their work starts (also for outputs that are directories)."""
     if not os.fspath(output).strip() or Path(output).name in ("", ".", ".."):
         raise UserError(f"{os.fspath(output)!r}: not a file name to write to")
+    problem = special_file_problem(output)
+    if problem is not None:
+        raise UserError(problem)
     for source in inputs:
         if same_file(output, source):
             also = "" if os.fspath(output) == os.fspath(source) else f" (as {source})"
