@@ -131,3 +131,19 @@ def test_fairseq_train_of_fairseqs_transformer_logs_the_formulas_lr(multi30k_bin
         step = int(record["num_updates"]) + 1  # the update about to run (fairseq's convention)
         expected = 0.5 * 64**-0.5 * min(step**-0.5, step * 40**-1.5)
         assert float(record["lr"]) == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("lr", [[5e-4], [0.001, 0.002]])
+def test_a_given_lr_the_schedule_ignores_is_refused_naming_the_scale(lr):
+    """A command line ported from fairseq's inverse_sqrt (--lr 5e-4, a peak) trained at the
+    paper's rate without a word: --lr is refused, with the --lr-scale of that peak."""
+    from user_plugin.files.errors import InvalidValue
+
+    cfg = InverseSqrtWarmupConfig(warmup_updates=4000, d_model=512, model_embed_dim=None, lr=lr)
+    with pytest.raises(InvalidValue, match=r"--lr-scale 0\.7155") if lr == [5e-4] else \
+            pytest.raises(InvalidValue, match=r"--lr 0\.001 is not used"):
+        InverseSqrtWarmupSchedule(cfg, SGDOptimizer())
+    for neutral in ([0.25], [1.0], None):  # fairseq's default, the recipes' 1, no value
+        cfg = InverseSqrtWarmupConfig(warmup_updates=4000, d_model=512, model_embed_dim=None,
+                                      lr=neutral)
+        InverseSqrtWarmupSchedule(cfg, SGDOptimizer())

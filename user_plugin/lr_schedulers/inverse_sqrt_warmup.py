@@ -9,6 +9,11 @@ The peak, at ``step_num = warmup_steps``, is ``d_model^-0.5 * warmup_steps^-0.5`
 fairseq calls ``step_update(0)`` before the first update and ``step_update(k)`` after update k,
 so the update about to run is number ``k + 1``: that is the paper's ``step_num``.
 
+``--lr`` does not act: equation 3 sets every update's rate, and ``--lr-scale`` multiplies it. A
+``--lr`` other than fairseq's default (0.25) or 1 (the recipes' neutral value) is refused in one
+line that gives the ``--lr-scale`` of the same peak, so that a command line ported from fairseq's
+``inverse_sqrt`` (``--lr 5e-4``: a peak) is not trained at the paper's rate without a word.
+
 ``d_model`` is the model's ``--decoder-embed-dim`` unless ``--d-model`` is given, read from the
 model configuration in each form fairseq trains with: ours (a flat dataclass), fairseq's own
 ``transformer`` under ``fairseq-train`` (an argparse namespace of flat options) or as a nested
@@ -31,6 +36,8 @@ from ..paper import WARMUP_STEPS
 logger = logging.getLogger(__name__)
 
 SCHEDULER_NAME = "vaswani_inverse_sqrt"
+#: The ``--lr`` values taken as not given: fairseq's default and the recipes' neutral 1.
+UNUSED_LR_VALUES = (0.25, 1.0)
 
 
 @dataclass
@@ -47,9 +54,25 @@ class InverseSqrtWarmupConfig(FairseqDataclass):
     )
     # The model's width, when the model config is a flat or nested container; null otherwise
     # (then read from the model configuration object itself, see ``model_dimension``).
+    # fairseq's --lr, only to refuse one given to a schedule that does not use it
+    lr: Any = II("oc.select:optimization.lr,null")
     model_embed_dim: Optional[int] = II(
         "oc.select:model.decoder_embed_dim,${oc.select:model.decoder.embed_dim,null}"
     )
+
+
+def refuse_given_lr(lr: Any, paper_peak: float, warmup_updates: int) -> None:
+    """An :class:`InvalidValue` naming ``--lr-scale`` when ``--lr`` was given a value the schedule
+    would ignore (see the module docstring); ``paper_peak`` is equation 3's peak at scale 1."""
+    if lr is None or isinstance(lr, str):  # none, or the interpolation outside a fairseq run
+        return
+    values = list(lr) if isinstance(lr, (list, tuple)) or OmegaConf.is_list(lr) else [lr]
+    given = [float(value) for value in values if float(value) not in UNUSED_LR_VALUES]
+    if given:
+        raise InvalidValue(
+            f"--lr {given[0]:g} is not used by --lr-scheduler {SCHEDULER_NAME}: equation 3 "
+            f"sets every update's rate (peak {paper_peak:.3e} at update {warmup_updates}); for a "
+            f"peak of {given[0]:g} give --lr-scale {given[0] / paper_peak:.4g} (and --lr 1)")
 
 
 def paper_learning_rate(
@@ -80,6 +103,7 @@ class InverseSqrtWarmupSchedule(FairseqLRScheduler):
         self.warmup_updates = cfg.warmup_updates
         self.scale = cfg.lr_scale
         peak = self.lr_at(self.warmup_updates - 1)
+        refuse_given_lr(getattr(cfg, "lr", None), peak / self.scale, self.warmup_updates)
         logger.info(
             f"paper LR schedule: d_model {self.d_model}, warmup {self.warmup_updates}, "
             f"scale {self.scale}: peak lr {peak:.3e} at update {self.warmup_updates}"
