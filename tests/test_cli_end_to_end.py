@@ -131,3 +131,24 @@ def test_model_options_script_lists_every_option_with_its_default():
         assert option in proc.stdout, option
     text = " ".join(proc.stdout.split())
     assert "(paper: 0.1) (default: 0.1)" in text and "(4000) (default: 4000)" in text
+
+
+def test_model_options_show_the_asked_architectures_defaults_and_refuse_others():
+    """vaswani-options --arch vaswani_big printed base's defaults, and --arch nonexistent
+    exited 0 printing everything: neither said what was asked."""
+    import subprocess
+
+    from cli import command
+
+    def defaults(arch: str) -> str:
+        proc = subprocess.run([*command("model_options"), "--arch", arch], capture_output=True,
+                              text=True, check=True)
+        return " ".join(proc.stdout.split())
+
+    assert "d_model of the encoder (default: 1024)" in defaults("vaswani_big")
+    assert "d_model of the encoder (default: 512)" in defaults("vaswani_base")
+    assert "(default: 4)" in defaults("vaswani_table3_c_layers4")  # layers of that row
+    proc = subprocess.run([*command("model_options"), "--arch", "nonexistent"],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "argument --arch: invalid choice: 'nonexistent'" in proc.stderr

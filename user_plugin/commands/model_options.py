@@ -4,13 +4,39 @@ defaults.
 ``fairseq-train --help`` prints before fairseq adds an architecture's options, so this lists
 what ``--arch vaswani_*``, ``--criterion vaswani_label_smoothed_cross_entropy``,
 ``--lr-scheduler vaswani_inverse_sqrt``, ``--optimizer vaswani_adam`` and ``--task
-vaswani_translation`` accept.
+vaswani_translation`` accept. ``--arch NAME`` shows the defaults of that architecture (the
+model's options as the architecture sets them); an architecture that is not the plugin's is
+refused.
 """
 
 import argparse
+import dataclasses
+import sys
+from collections.abc import Sequence
 
 
-def main() -> None:
+def our_architectures() -> list[str]:
+    """The architectures the plugin registers (of its model ``vaswani_transformer`` and of the
+    models built on it)."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    from user_plugin.models.vaswani_transformer import VaswaniTransformerModel
+
+    return sorted(name for name, model in ARCH_MODEL_REGISTRY.items()
+                  if issubclass(model, VaswaniTransformerModel))
+
+
+def architecture_defaults(arch: str) -> dict:
+    """The model options as architecture ``arch`` sets them."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    options = argparse.Namespace()
+    ARCH_CONFIG_REGISTRY[arch](options)
+    return vars(options)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the options; returns the exit status (argparse refuses an unknown ``--arch``)."""
     from fairseq.dataclass.utils import gen_parser_from_dataclass
 
     import user_plugin.registration  # noqa: F401  (registers everything)
@@ -22,6 +48,11 @@ def main() -> None:
     from user_plugin.optimizers.multi_tensor_adam import MultiTensorAdamConfig
     from user_plugin.tasks.vaswani_translation import VaswaniTranslationConfig
 
+    chooser = argparse.ArgumentParser(prog="vaswani-options", description=__doc__.split("\n")[0])
+    chooser.add_argument("--arch", default="vaswani_base", choices=our_architectures(),
+                         metavar="ARCH",
+                         help="the architecture whose defaults to show")
+    arch = chooser.parse_args(argv).arch
     parser = argparse.ArgumentParser(
         prog="fairseq-train --user-dir user_plugin",
         description=__doc__.splitlines()[0],
@@ -30,8 +61,7 @@ def main() -> None:
         usage=argparse.SUPPRESS,
     )
     sections = (
-        ("model vaswani_transformer (--arch vaswani_base|vaswani_big|...)",
-         VaswaniTransformerConfig),
+        (f"model vaswani_transformer, defaults of --arch {arch}", VaswaniTransformerConfig),
         ("criterion vaswani_label_smoothed_cross_entropy", LabelSmoothedCrossEntropyConfig),
         ("lr scheduler vaswani_inverse_sqrt", InverseSqrtWarmupConfig),
         ("optimizer vaswani_adam", MultiTensorAdamConfig),
@@ -40,14 +70,17 @@ def main() -> None:
     )
     for title, config in sections:
         gen_parser_from_dataclass(parser.add_argument_group(title), config())
+    model_options = {f.name for f in dataclasses.fields(VaswaniTransformerConfig)}
+    parser.set_defaults(**{name: value for name, value in architecture_defaults(arch).items()
+                           if name in model_options})
     parser.print_help()
+    return 0
 
 
 def cli_main() -> int:
     """The ``vaswani-options`` command."""
-    main()
-    return 0
+    return main()
 
 
 if __name__ == "__main__":
-    cli_main()
+    sys.exit(cli_main())
