@@ -716,6 +716,17 @@ def test_hub_constraints_as_fairseq_interactive(trained_multi30k, hub_translator
     assert "Hund" in raw and raw.index("Hund") < raw.index("Schnee")
 
 
+def test_hub_constraints_are_checked_by_type(hub_translator):
+    """constraints="Hund" (a string where a list is expected) decoded with each letter as a
+    constraint, silently."""
+    for bad in ("Hund", [["Hund"]], [1]):
+        with pytest.raises(ValueError, match="constraints= needs a list of phrases"):
+            hub_translator.translate("A dog runs .", constraints=bad)
+    with pytest.raises(ValueError, match=r"one list of phrases \(strings\) per sentence \(2\)"):
+        hub_translator.translate(["A dog .", "A cat ."], constraints=["Hund", "Katze"])
+    assert "Hund" in hub_translator.translate("A dog runs .", constraints=("Hund",))
+
+
 def test_hub_alignments_as_fairseq_generate(trained_multi30k, hub_translator):
     lines = (trained_multi30k.text_dir / "test.en").read_text(encoding="utf-8").splitlines()
     proc = run_fairseq("generate", [

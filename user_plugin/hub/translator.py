@@ -107,18 +107,13 @@ class TextTranslator:
         """
         single = isinstance(sentences, str)
         lines = [sentences] if single else list(sentences)
-        if constraints is not None and single:
-            constraints = [constraints]
+        if constraints is not None:
+            constraints = checked_constraints(constraints, single, len(lines))
         encoded = [self.codec.encode(line) for line in lines]
         # An empty line translates to an empty line (not decoded), so outputs stay aligned.
         kept = [i for i, line in enumerate(encoded) if line.strip()]
         kept_constraints = None
         if constraints is not None:
-            if isinstance(constraints, str) or len(constraints) != len(lines):
-                raise ValueError(
-                    "constraints= needs a list of phrases for one sentence, or one list per "
-                    f"sentence ({len(lines)})"
-                )
             for number, (line, phrases) in enumerate(zip(encoded, constraints), start=1):
                 if not line.strip() and any(phrase.strip() for phrase in phrases):
                     raise ValueError(
@@ -136,6 +131,28 @@ class TextTranslator:
         if nbest == 1:
             outputs = [per_line[0] for per_line in outputs]
         return outputs[0] if single else outputs
+
+
+def checked_constraints(constraints: Any, single: bool, count: int) -> list[list[str]]:
+    """``constraints`` as one list of phrases per sentence, checked by type: a list of strings
+    for one sentence (``translate("s", constraints=["Hund"])``), one such list per sentence for
+    several. A ``ValueError`` naming what was given otherwise (a bare string would be taken as
+    its letters, a constraint each)."""
+    expected = ("a list of phrases (strings) for one sentence" if single
+                else f"one list of phrases (strings) per sentence ({count})")
+
+    def phrases(value: Any) -> bool:
+        return isinstance(value, (list, tuple)) and all(isinstance(p, str) for p in value)
+
+    if single:
+        if not phrases(constraints):
+            raise ValueError(f"constraints= needs {expected}, got {type(constraints).__name__} "
+                             f"{constraints!r:.60}")
+        return [list(constraints)]
+    if (not isinstance(constraints, (list, tuple)) or len(constraints) != count
+            or not all(phrases(item) for item in constraints)):
+        raise ValueError(f"constraints= needs {expected}, got {constraints!r:.80}")
+    return [list(item) for item in constraints]
 
 
 class Translator(TextTranslator):
