@@ -400,7 +400,9 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
 
     if spec["impl"] != "builtin":
         # as ``--user-dir`` loads the plugin: our model, criterion and fairseq patches
-        import user_plugin.registration  # noqa: F401
+        from user_plugin.registration import register
+
+        register()
     args = argparse.Namespace(**spec["args"])
     for key in ("data", "work_dir", "json_out"):
         if getattr(args, key) is not None:
@@ -475,7 +477,7 @@ def plugin_state(impl: str) -> Dict[str, Any]:
     """Whether this process had the plugin registered and which of its fairseq patches were
     active. The built-in must run as stock fairseq: a process without either, checked after the
     measurement so that nothing imported on the way went unnoticed."""
-    loaded = "user_plugin.registration" in sys.modules
+    loaded = getattr(sys.modules.get("user_plugin.registration"), "_registered", False)
     patches: List[str] = []
     if "user_plugin.fairseq_patches" in sys.modules:
         from user_plugin.fairseq_patches import installed

@@ -54,7 +54,9 @@ def model_parameters(size: str, vocab: int) -> List[torch.Tensor]:
     from fairseq.data import Dictionary
     from fairseq.models import ARCH_CONFIG_REGISTRY
 
-    import user_plugin.registration  # noqa: F401
+    from user_plugin.registration import register
+
+    register()
     from user_plugin.models.transformer_config import VaswaniTransformerConfig
     from user_plugin.models.vaswani_transformer import VaswaniTransformerModel
 

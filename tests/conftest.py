@@ -27,7 +27,9 @@ if str(REPO) not in sys.path:
 
 from fairseq.data import Dictionary  # noqa: E402
 
-import user_plugin.registration  # noqa: E402,F401  (registers the plugin)
+from user_plugin.registration import register  # noqa: E402
+
+register()
 
 #: The test modules of the fast subset (``-m fast``).
 FAST_MODULES = frozenset({

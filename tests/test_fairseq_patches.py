@@ -69,7 +69,8 @@ def changed(before, after):
     return sorted(names)
 
 before = snapshot()
-import user_plugin.registration  # VASWANI_FAIRSEQ_PATCHES=off: registers, patches nothing
+from user_plugin.registration import register
+register()  # VASWANI_FAIRSEQ_PATCHES=off: registers, patches nothing
 from user_plugin import fairseq_patches
 loaded_off = snapshot()
 fairseq_patches.os.environ.pop("VASWANI_FAIRSEQ_PATCHES")
@@ -124,7 +125,8 @@ import fairseq.checkpoint_utils as cu, fairseq_cli.train as ft, sys
 from fairseq.trainer import Trainer
 originals = {"train": ft.train, "train_step": Trainer.train_step,
              "init": Trainer.__init__, "load": cu.load_checkpoint, "hook": sys.excepthook}
-import user_plugin.registration
+from user_plugin.registration import register
+register()
 from user_plugin import fairseq_patches
 now = {"train": ft.train, "train_step": Trainer.train_step,
        "init": Trainer.__init__, "load": cu.load_checkpoint, "hook": sys.excepthook}
@@ -145,7 +147,8 @@ def test_switch_off_by_name_keeps_fairseqs_own_functions_for_those_only():
 
 
 def test_a_misspelt_switch_is_one_error_line_naming_the_known_patches():
-    proc = run_python("import user_plugin.registration", "off:progress_reprot")
+    proc = run_python("from user_plugin.registration import register; register()",
+                      "off:progress_reprot")
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
@@ -241,7 +244,9 @@ def test_a_row_of_our_runs_gives_any_other_call_fairseqs_own_function():
 def test_scope_tells_our_configurations_from_stock_ones():
     import argparse
 
-    import user_plugin.registration  # noqa: F401  (our model and task registered)
+    from user_plugin.registration import register
+
+    register()  # our model and task registered
     from user_plugin.fairseq_patches import scope
 
     assert scope.is_our_run(argparse.Namespace(arch="vaswani_base", task="translation"))

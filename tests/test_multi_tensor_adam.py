@@ -21,7 +21,6 @@ from cli import TINY_MODEL_ARGS, USER_DIR, fairseq_env, json_log_records, run_fa
 from fairseq import utils as fairseq_utils
 from fairseq.optim.adam import FairseqAdam
 
-import user_plugin.registration  # noqa: F401
 from user_plugin.files import UserError
 from user_plugin.optimizers.multi_tensor_adam import (
     MultiTensorAdam,

@@ -10,8 +10,6 @@ import pytest
 import torch
 from cli import USER_DIR, hypotheses, run_fairseq
 
-import user_plugin.registration  # noqa: F401
-
 
 @pytest.fixture(scope="module")
 def checkpoint_with_numpy_meters(trained_multi30k, tmp_path_factory):

@@ -7,7 +7,8 @@ checkpoints load under torch's safe loading.
 
 Importing the package itself is cheap (no torch, no fairseq), so that the plain file helpers of
 :mod:`.files` and the paper's settings (:mod:`.paper`) serve scripts quickly. From Python,
-``import user_plugin.registration`` registers everything; :mod:`.hub` and the scripts do it.
+``user_plugin.registration.register()`` registers everything (an explicit, idempotent call);
+:mod:`.hub`, the commands and the scripts make it.
 
 Where each part of the paper lives: ``modules/`` (§3.2 attention, §3.3 feed-forward, §3.5
 positions, the residual wrapping of §3.1, beam-search state and caches), ``models/`` (§3.1

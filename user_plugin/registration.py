@@ -1,4 +1,5 @@
-"""Everything the plugin registers with fairseq and torch, done once, on import.
+"""Everything the plugin registers with fairseq and torch: one explicit, idempotent call,
+:func:`register`, made by the entry points.
 
 * model ``vaswani_transformer`` and its architectures (``models/``, §3, Table 3);
 * criterion ``vaswani_label_smoothed_cross_entropy`` (``criterions/``, §5.4);
@@ -12,24 +13,37 @@
   verified and intact resumes, one-line save errors), ``--bf16`` as autocast, a progress line,
   fixes of fairseq's decoding bugs, one-line errors.
 
-``--user-dir user_plugin`` gets here through ``tasks/load_plugin``, which fairseq's loader
-imports in every entry point and every spawned process before any checkpoint is read. Python
-code that loads checkpoints or builds models without a fairseq command line imports this module
-(the hub and the scripts do).
+The entry points call it: ``--user-dir user_plugin`` through ``tasks/load_plugin`` (which
+fairseq's loader imports in every entry point and every spawned process before any checkpoint
+is read), the hub's :func:`~user_plugin.hub.loader.load_translator`, the commands that open
+models, and Python code that trains or decodes without a fairseq command line. Library layers
+never call it: importing them changes nothing in fairseq.
 """
 
-from . import fairseq_patches
-from .safe_loading import allow_fairseq_checkpoint_globals
+from __future__ import annotations
 
-allow_fairseq_checkpoint_globals()
-try:
-    fairseq_patches.install()
-except fairseq_patches.PatchSwitchError as error:  # a misspelt switch: one line, not a traceback
-    raise SystemExit(f"error: {error}") from None
+_registered = False
 
-# Registration happens on import; safe loading must be allowed first, hence the late imports.
-from . import criterions, lr_schedulers, models  # noqa: E402,F401,I001
-from .criterions import label_smoothed_cross_entropy  # noqa: E402,F401
-from .lr_schedulers import inverse_sqrt_warmup  # noqa: E402,F401
-from .optimizers import multi_tensor_adam  # noqa: E402,F401
-from .tasks import vaswani_translation  # noqa: E402,F401
+
+def register() -> None:
+    """Register the plugin (see the module docstring); a second call does nothing. A misspelt
+    ``VASWANI_FAIRSEQ_PATCHES`` ends the process with one error line."""
+    global _registered
+    if _registered:
+        return
+    from . import fairseq_patches
+    from .safe_loading import allow_fairseq_checkpoint_globals
+
+    # safe loading is allowed first: the registering imports may read checkpoints' types
+    allow_fairseq_checkpoint_globals()
+    try:
+        fairseq_patches.install()
+    except fairseq_patches.PatchSwitchError as error:  # a misspelt switch: one line
+        raise SystemExit(f"error: {error}") from None
+    from . import criterions, lr_schedulers, models  # noqa: F401
+    from .criterions import label_smoothed_cross_entropy  # noqa: F401
+    from .lr_schedulers import inverse_sqrt_warmup  # noqa: F401
+    from .optimizers import multi_tensor_adam  # noqa: F401
+    from .tasks import vaswani_translation  # noqa: F401
+
+    _registered = True

@@ -41,7 +41,9 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-import user_plugin.registration  # noqa: E402,F401  (registers the model, safe loading)
+from user_plugin.registration import register  # noqa: E402
+
+register()  # the model, safe loading
 from user_plugin.artifacts.builtin_transformer import (  # noqa: E402
     OurPositionsForFairseq,
     build_fairseq_transformer,

@@ -32,7 +32,7 @@ def load_our_model(checkpoint: str | os.PathLike, data_dir: str | os.PathLike,
                    ) -> tuple[nn.Module, Any, Any]:
     """Our model of ``checkpoint`` (eval mode, CPU), its task on ``data_dir`` and the
     checkpoint's state; an :class:`ArtifactError` for a model that is not ours."""
-    from .. import registration  # noqa: F401  (our model, task and safe loading)
+    from .. import models  # noqa: F401  (registers our model; the task module registers itself)
     from .checkpoints import build_models, read_model_checkpoint, setup_task
     from .model_files import language_pair
 

@@ -39,7 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Print the options; returns the exit status (argparse refuses an unknown ``--arch``)."""
     from fairseq.dataclass.utils import gen_parser_from_dataclass
 
-    import user_plugin.registration  # noqa: F401  (registers everything)
+    from user_plugin.registration import register
+
+    register()
     from user_plugin.criterions.label_smoothed_cross_entropy import (
         LabelSmoothedCrossEntropyConfig,
     )

@@ -12,7 +12,6 @@ import logging
 import os
 from collections.abc import Sequence
 
-from .. import registration  # noqa: F401  (the models, task and criterion checkpoints name)
 from ..artifacts.checkpoints import build_models, read_model_checkpoint, setup_task
 from ..artifacts.errors import ArtifactError
 from ..artifacts.fingerprint import ensemble_mismatch, stored_fingerprint
@@ -58,6 +57,9 @@ def load_translator(
     (:mod:`user_plugin.hub.ctranslate2_translator`), with the same text pipeline and decoding
     defaults.
     """
+    from ..registration import register
+
+    register()  # the models, task and criterion that checkpoints name; safe loading
     # the decoding settings are checked before any file is read
     check_values(beam=beam, lenpen=lenpen, batch_size=batch_size,
                  max_len_over_source=max_len_over_source)

@@ -44,7 +44,7 @@ def training_config(precision: str, optimizer: str = "adam", lr: float = 1e-3,
                     min_loss_scale: float = 1e-4, flatten: bool = True) -> Any:
     """The configuration sections fairseq's precision wrappers and ``optimizer`` read."""
     if optimizer == "vaswani_adam":
-        import user_plugin.registration  # noqa: F401  (registers vaswani_adam)
+        from . import multi_tensor_adam  # noqa: F401  (registers vaswani_adam)
 
         section = {"_name": "vaswani_adam", "adam_betas": "(0.9, 0.98)", "adam_eps": 1e-9,
                    "weight_decay": 0.0, "adam_implementation": "fused", "lr": [lr],
@@ -160,9 +160,10 @@ def _small_transformer(vocabulary: int, seed: int) -> Tuple[Any, Any]:
     from fairseq.data import Dictionary
     from fairseq.models import ARCH_CONFIG_REGISTRY
 
-    import user_plugin.registration  # noqa: F401
     from user_plugin.models.transformer_config import VaswaniTransformerConfig
     from user_plugin.models.vaswani_transformer import VaswaniTransformerModel
+
+    from .. import models  # noqa: F401  (registers our architectures)
 
     dictionary = Dictionary()
     for i in range(vocabulary - len(dictionary)):

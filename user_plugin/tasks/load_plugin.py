@@ -8,4 +8,6 @@ a module of its own, not the package's ``__init__``, so that the registration ca
 task module without importing itself back.
 """
 
-from .. import registration  # noqa: F401
+from ..registration import register
+
+register()
