@@ -354,17 +354,13 @@ def test_a_forked_child_does_not_keep_the_lock_of_a_killed_holder(tmp_path):
 
 def test_uncaught_user_errors_are_one_line_in_any_command(tmp_path):
     script = tmp_path / "tool.py"
-    script.write_text("from user_plugin.fairseq_patches.one_line_errors import "
-                      "install_one_line_errors\n"
+    script.write_text("import user_plugin.commands  # the table's one_line_errors row\n"
                       "from user_plugin.files import UserError\n"
-                      "install_one_line_errors()\n"
                       "raise UserError('data.txt: no such file')\n", encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env)
     assert proc.returncode == 1 and proc.stderr == "tool.py: error: data.txt: no such file\n"
-    script.write_text("from user_plugin.fairseq_patches.one_line_errors import "
-                      "install_one_line_errors\n"
-                      "install_one_line_errors()\n"
+    script.write_text("import user_plugin.commands  # the table's one_line_errors row\n"
                       "raise KeyError('other errors keep their traceback')\n", encoding="utf-8")
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env)
     assert proc.returncode == 1 and "Traceback" in proc.stderr

@@ -136,9 +136,8 @@ def test_the_exception_hook_turns_only_what_the_plugin_recognises_into_one_line(
     its traceback, even a ValueError."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     script = tmp_path / "tool.py"
-    header = "from user_plugin.fairseq_patches.one_line_errors import install_one_line_errors\n" \
-             "from user_plugin.files import InvalidValue\n" \
-             "install_one_line_errors()\n"
+    header = "import user_plugin.commands  # the table's one_line_errors row\n" \
+             "from user_plugin.files import InvalidValue\n"
     for body, status, expected in [
         ("raise InvalidValue('--beam must be >= 1, got 0')", 1,
          "tool.py: error: --beam must be >= 1, got 0\n"),

@@ -28,13 +28,13 @@ command                    module
 ``vaswani-serve``          :mod:`.serve`: an HTTP translation service (dynamic batching)
 =========================  ================================================================
 
-Importing the package installs the project's one-line exception hook
-(:func:`~user_plugin.fairseq_patches.one_line_errors.install_one_line_errors`), so that an
-interrupt (Ctrl-C) or an error while a command is still loading its libraries (torch and fairseq
-take seconds) is one line too, as it is once the command runs
+Importing the package installs the one-line exception hook, row ``one_line_errors`` of the
+plugin's patch table (under its switch, ``VASWANI_FAIRSEQ_PATCHES=off:one_line_errors``), and
+only that row, so that an interrupt (Ctrl-C) or an error while a command is still loading its
+libraries (torch and fairseq take seconds) is one line too, as it is once the command runs
 (:func:`~user_plugin.files.errors.run_main`).
 """
 
-from ..fairseq_patches.one_line_errors import install_one_line_errors
+from .. import fairseq_patches
 
-install_one_line_errors()
+fairseq_patches.install(only=lambda patch: patch.name == fairseq_patches.ONE_LINE_ERRORS)

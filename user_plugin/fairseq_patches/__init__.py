@@ -62,6 +62,8 @@ from .scope import EVERY_RUN, OUR_RUNS
 logger = logging.getLogger(__name__)
 
 ENV_VAR = "VASWANI_FAIRSEQ_PATCHES"
+#: The row of the one-line exception hook, which the commands install alone.
+ONE_LINE_ERRORS = "one_line_errors"
 
 #: The fairseq versions every patch below was checked against (``fairseq.__version__``; the
 #: ``fairseq-fixed`` 0.12.3.1 distribution reports 0.12.3.1).
@@ -203,7 +205,7 @@ PATCHES: Tuple[Patch, ...] = (
         OUR_RUNS,
     ),
     Patch(
-        "one_line_errors",
+        ONE_LINE_ERRORS,
         _one("sys:excepthook", one_line_errors.one_line_excepthook),
         "the plugin's UserError reaching fairseq's entry points prints 'prog: error: ...' and "
         "exits 1, instead of a traceback, and so do fairseq's errors on bad input that "
@@ -431,8 +433,13 @@ def install(only: Optional[Callable[[Patch], bool]] = None) -> Tuple[str, ...]:
               and (only is None or only(patch))]
     if not wanted:
         return ()
-    version = fairseq_version()
-    unchecked = [patch for patch in wanted if version not in patch.checked]
+    # fairseq's version matters to rows that replace its attributes only (and importing it
+    # takes seconds: a command installing the exception hook alone never pays for it)
+    of_fairseq = [patch for patch in wanted if any(
+        replacement.target.split(".")[0].split(":")[0] in ("fairseq", "fairseq_cli")
+        for replacement in patch.replaces)]
+    version = fairseq_version() if of_fairseq else None
+    unchecked = [patch for patch in of_fairseq if version not in patch.checked]
     missing = [patch for patch in unchecked
                if not all(target_exists(r) for r in patch.replaces)]
     if unchecked:

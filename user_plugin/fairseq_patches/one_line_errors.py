@@ -109,10 +109,3 @@ def one_line_excepthook(previous: Callable) -> Callable:
 
     hook.one_line_user_errors = True  # type: ignore[attr-defined]
     return hook
-
-
-def install_one_line_errors() -> None:
-    """Install :func:`one_line_excepthook` in this process (for a program of ours that does not
-    load the plugin). Idempotent."""
-    if not getattr(sys.excepthook, "one_line_user_errors", False):
-        sys.excepthook = one_line_excepthook(sys.excepthook)
