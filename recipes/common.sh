@@ -127,9 +127,11 @@ model_defaults() {
 }
 
 # detect_device: DEVICE [gpu when torch sees one, else cpu], NUM_GPUS, VISIBLE_GPUS, PRECISION
-# [bf16 on GPUs of compute capability >= 8, else fp16; CPU: fp32] and PRECISION_ARGS.
+# [GPU: user_plugin/training_defaults.py's for its compute capability (bf16 from 8, fp16
+# below); CPU: fp32], PRECISION_ARGS, and DEVICE_OPTIMIZER (the GPU's default optimizer there;
+# adam on a CPU).
 detect_device() {
-  local capability
+  local capability cuda_precision
   read -r VISIBLE_GPUS capability <<< "$(python -c 'import torch
 n = torch.cuda.device_count()
 print(n, min((torch.cuda.get_device_capability(i)[0] for i in range(n)), default=0))' \
@@ -142,8 +144,11 @@ print(n, min((torch.cuda.get_device_capability(i)[0] for i in range(n)), default
       require_int NUM_GPUS
       [ "$NUM_GPUS" -ge 1 ] && [ "$NUM_GPUS" -le "$VISIBLE_GPUS" ] \
         || die "NUM_GPUS=$NUM_GPUS but torch sees $VISIBLE_GPUS GPU(s)"
-      PRECISION=${PRECISION:-$([ "$capability" -ge 8 ] && echo bf16 || echo fp16)} ;;
-    cpu) NUM_GPUS=0 PRECISION=${PRECISION:-fp32} ;;
+      read -r cuda_precision DEVICE_OPTIMIZER \
+        <<< "$(python "$PLUGIN_DIR/training_defaults.py" "$capability")" \
+        || die "cannot read the GPU training defaults (user_plugin/training_defaults.py)"
+      PRECISION=${PRECISION:-$cuda_precision} ;;
+    cpu) NUM_GPUS=0 PRECISION=${PRECISION:-fp32} DEVICE_OPTIMIZER=adam ;;
     *) die "DEVICE must be gpu or cpu, got '$DEVICE'" ;;
   esac
   case "$PRECISION" in

@@ -74,6 +74,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
 
+from user_plugin import paper  # noqa: E402
 from user_plugin.files import UserError, atomic_write_text, run_main  # noqa: E402
 
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "multi30k-en-de"
@@ -111,15 +112,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pairs", type=int, default=2000, help="training pairs read")
     parser.add_argument("--vocab", type=int, default=8000, help="joined word-level vocabulary")
     parser.add_argument("--model", choices=sorted(MODEL_SIZES), default="small")
-    parser.add_argument("--dropout", type=float, default=0.1)
+    parser.add_argument("--dropout", type=float, default=paper.DROPOUT)
     parser.add_argument("--max-tokens", type=int, default=2000,
                         help="tokens per training batch (max length x sentences)")
     parser.add_argument("--train-batches", type=int, default=8,
                         help="batches timed per run, spread over the length-sorted data")
     parser.add_argument("--decode-sentences", type=int, default=64)
     parser.add_argument("--decode-batch", type=int, default=32, help="sentences per batch")
-    parser.add_argument("--beam", type=int, default=4)
-    parser.add_argument("--max-len-b", type=int, default=50)
+    parser.add_argument("--beam", type=int, default=paper.BEAM)
+    parser.add_argument("--max-len-b", type=int, default=paper.MAX_LEN_OVER_SOURCE)
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs per model (alternating which goes first)")
     parser.add_argument("--sweep", default="32,64,128,256,512,1024",
@@ -494,13 +495,14 @@ def train_measure(args, model, task, impl, cfg, vocab, device, autocast, warmup,
     if impl == "ours":
         from user_plugin.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropy
 
-        criterion = LabelSmoothedCrossEntropy(task, sentence_avg=False, label_smoothing=0.1)
+        criterion = LabelSmoothedCrossEntropy(task, sentence_avg=False,
+                                              label_smoothing=paper.LABEL_SMOOTHING)
     else:
         from fairseq.criterions.label_smoothed_cross_entropy import (
             LabelSmoothedCrossEntropyCriterion,
         )
 
-        criterion = LabelSmoothedCrossEntropyCriterion(task, False, 0.1)
+        criterion = LabelSmoothedCrossEntropyCriterion(task, False, paper.LABEL_SMOOTHING)
     if args.dtype == "bf16":
         from user_plugin.fairseq_patches.precision import autocast_forward_bf16
 
@@ -510,7 +512,8 @@ def train_measure(args, model, task, impl, cfg, vocab, device, autocast, warmup,
     else:
         forward_context = autocast
     model.train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=paper.ADAM_BETAS,
+                                 eps=paper.ADAM_EPS)
     scaler = torch.amp.GradScaler(device, enabled=args.dtype == "fp16")
 
     def step(sample) -> float:

@@ -137,6 +137,8 @@ def fairseq_generate(engine: str, path: Path, args, threads: int) -> dict[str, A
         command += ["--max-len-a", "1", "--max-len-b", str(MAX_LEN_OVER_SOURCE)]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
                PYTHONPATH=str(REPO))
+    if engine != "ours":  # the export is laid out as stock fairseq's own (a Namespace)
+        env["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] = "1"
     proc = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     found = TRANSLATED.search(proc.stderr + proc.stdout)
     if proc.returncode != 0 or found is None:

@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from user_plugin import paper  # noqa: E402
 from user_plugin.files import UserError, run_main  # noqa: E402
 
 # layers per stack, d_model, d_ff, heads: the paper's Table 3 sizes
@@ -80,7 +81,8 @@ def build(name: str, weights: Sequence[torch.Tensor]):
 
     from user_plugin.optimizers.multi_tensor_adam import MultiTensorAdam
 
-    cfg = SimpleNamespace(lr=[7e-4], adam_betas="(0.9, 0.98)", adam_eps=1e-9, weight_decay=0.0,
+    cfg = SimpleNamespace(lr=[7e-4], adam_betas=paper.adam_betas_option(),
+                          adam_eps=paper.ADAM_EPS, weight_decay=0.0,
                           use_old_adam=False, fp16_adam_stats=False, tpu=False,
                           adam_implementation=name.split("/")[-1])
     params = [torch.nn.Parameter(w.clone()) for w in weights]

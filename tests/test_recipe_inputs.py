@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli import run_fairseq
+from cli import REPO, run_fairseq
 from conftest import MULTI30K, require_data
 from fault_injection import fault_env, write_wrapper
 from test_recipes import TINY_MODEL_ARGS, recipe_env, run_script, run_with_common, step_script
@@ -259,3 +259,21 @@ def test_a_directory_that_a_live_training_uses_is_never_emptied(tmp_path):
                                           "stale lock: 0 files"]
     assert (f"{tmp_path / 'checkpoints'} is in use by a training run that is still going on "
             "(pid 4242 on somewhere, started earlier, fairseq-train)") in result.stderr
+
+
+def test_the_recipes_gpu_defaults_come_from_training_defaults():
+    """recipes/common.sh reads the CUDA precision and optimizer from the one place that the
+    GPU kit's figures change (user_plugin/training_defaults.py)."""
+    import subprocess
+
+    from user_plugin.training_defaults import CUDA_TRAINING_DEFAULTS
+
+    script = REPO / "user_plugin" / "training_defaults.py"
+    for capability, precision in (("7", "fp16"), ("9", CUDA_TRAINING_DEFAULTS["precision"])):
+        out = subprocess.run([sys.executable, str(script), capability], capture_output=True,
+                             text=True, check=True).stdout.split()
+        assert out == [precision, CUDA_TRAINING_DEFAULTS["optimizer"]]
+    common = (REPO / "recipes" / "common.sh").read_text(encoding="utf-8")
+    assert 'python "$PLUGIN_DIR/training_defaults.py" "$capability"' in common
+    assert "OPTIMIZER=${OPTIMIZER:-$DEVICE_OPTIMIZER}" in (
+        REPO / "recipes" / "steps" / "train.sh").read_text(encoding="utf-8")

@@ -33,6 +33,9 @@ BIG_AVERAGE_LAST = 20
 ADAM_BETAS: Tuple[float, float] = (0.9, 0.98)
 ADAM_EPS = 1e-9
 WARMUP_STEPS = 4_000
+# §5.4: residual dropout P_drop 0.1 (base); Table 3: 0.3 for big EN-DE (§6.1: 0.1 for EN-FR).
+DROPOUT = 0.1
+BIG_DROPOUT = 0.3
 # §5.4: label smoothing epsilon_ls.
 LABEL_SMOOTHING = 0.1
 # §6.1: beam 4, GNMT length penalty alpha 0.6, at most input length + 50 output tokens.
@@ -45,6 +48,11 @@ PARSING_LENPEN = 0.3
 PARSING_MAX_LEN_OVER_SOURCE = 300
 
 
+def adam_betas_option() -> str:
+    """:data:`ADAM_BETAS` as fairseq's ``--adam-betas`` takes it: ``(0.9,0.98)``."""
+    return "(" + ",".join(str(beta) for beta in ADAM_BETAS) + ")"
+
+
 def shell_assignments() -> Dict[str, str]:
     """Every setting above as ``PAPER_<NAME>`` -> value, in the form shell recipes use."""
     values = {
@@ -54,7 +62,9 @@ def shell_assignments() -> Dict[str, str]:
     }
     out = {}
     for name, value in values.items():
-        if isinstance(value, tuple):
+        if value is ADAM_BETAS:
+            value = adam_betas_option()
+        elif isinstance(value, tuple):
             value = "(" + ",".join(str(v) for v in value) + ")"
         out[f"PAPER_{name}"] = str(value)
     return out

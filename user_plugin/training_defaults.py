@@ -4,12 +4,15 @@ combination faster than today's against stock fairseq.
 
 Until a GPU run has measured the plugin's float32-master ``--bf16`` / ``--fp16`` and
 ``vaswani_adam`` there, these are the recipes' defaults as they were: bf16 on GPUs of compute
-capability 8 or more (fp16 below), fairseq's ``adam``. ``python -m user_plugin.training_defaults``
-prints ``PRECISION OPTIMIZER`` for the recipes to read.
+capability 8 or more (fp16 below), fairseq's ``adam``. ``python user_plugin/training_defaults.py
+CAPABILITY`` prints ``PRECISION OPTIMIZER`` for a GPU of that compute capability (major
+version): the recipes' ``detect_device`` reads it.
 """
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
 from typing import Dict
 
 #: On a CUDA GPU of compute capability >= 8 (A100, H100, H200...).
@@ -18,8 +21,20 @@ CUDA_TRAINING_DEFAULTS: Dict[str, str] = {"precision": "bf16", "optimizer": "ada
 CUDA_BEFORE_AMPERE_PRECISION = "fp16"
 
 
-def main() -> int:
-    print(CUDA_TRAINING_DEFAULTS["precision"], CUDA_TRAINING_DEFAULTS["optimizer"])
+def cuda_defaults(capability: int) -> tuple[str, str]:
+    """The precision and optimizer of training on a CUDA GPU of compute ``capability``."""
+    precision = (CUDA_TRAINING_DEFAULTS["precision"] if capability >= 8
+                 else CUDA_BEFORE_AMPERE_PRECISION)
+    return precision, CUDA_TRAINING_DEFAULTS["optimizer"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print ``PRECISION OPTIMIZER`` for the compute capability given (default 8)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if len(args) > 1 or (args and not args[0].isdigit()):
+        print("usage: training_defaults.py [CAPABILITY]", file=sys.stderr)
+        return 2
+    print(*cuda_defaults(int(args[0]) if args else 8))
     return 0
 
 

@@ -41,6 +41,7 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from user_plugin.paper import LABEL_SMOOTHING  # noqa: E402
 from user_plugin.registration import register  # noqa: E402
 
 register()  # the model, safe loading
@@ -200,9 +201,11 @@ def criterion_differences(ours, theirs_unused, dictionary, batch, autocast) -> D
               "target": target, "ntokens": int(target.ne(dictionary.pad()).sum())}
     task = SimpleNamespace(target_dictionary=dictionary)
     figures = []
-    for criterion in (LabelSmoothedCrossEntropy(task, sentence_avg=False, label_smoothing=0.1),
+    smoothing = LABEL_SMOOTHING
+    for criterion in (LabelSmoothedCrossEntropy(task, sentence_avg=False,
+                                                label_smoothing=smoothing),
                       LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False,
-                                                         label_smoothing=0.1)):
+                                                         label_smoothing=smoothing)):
         ours.zero_grad()
         with autocast:
             loss, _, log = criterion(ours, sample)

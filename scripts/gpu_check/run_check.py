@@ -79,7 +79,8 @@ REPO = Path(__file__).resolve().parents[2]
 KIT = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO))
 
-from user_plugin.measurement import flops  # noqa: E402  (neither imports torch or fairseq)
+from user_plugin import paper  # noqa: E402  (none of these imports torch or fairseq)
+from user_plugin.measurement import flops  # noqa: E402
 from user_plugin.training_log import read_training_log  # noqa: E402
 
 PLUGIN = REPO / "user_plugin"
@@ -89,13 +90,16 @@ PROBE = PLUGIN / "measurement" / "train_step_probe.py"
 PEAK_TFLOPS = 989.0
 
 # The paper's optimisation (§5.3) and regularisation (§5.4), as the recipes pass them.
-PAPER_OPTIMIZER = ["--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--adam-eps", "1e-9"]
+PAPER_OPTIMIZER = ["--optimizer", "adam", "--adam-betas", paper.adam_betas_option(),
+                   "--adam-eps", str(paper.ADAM_EPS)]
+SMOOTHING = ["--label-smoothing", str(paper.LABEL_SMOOTHING)]
+DECODING = ["--beam", str(paper.BEAM), "--lenpen", str(paper.LENPEN)]
 OURS = ["--user-dir", str(PLUGIN), "--lr", "1", "--lr-scheduler", "vaswani_inverse_sqrt",
-        "--criterion", "vaswani_label_smoothed_cross_entropy", "--label-smoothing", "0.1"]
+        "--criterion", "vaswani_label_smoothed_cross_entropy", *SMOOTHING]
 # Stock fairseq's own scheduler and criterion, with the paper's peak rate for base (7e-4 is
 # what fairseq's WMT examples use; the paper's formula peaks at 6.99e-4).
 STOCK = ["--lr", "7e-4", "--lr-scheduler", "inverse_sqrt", "--warmup-init-lr", "1e-7",
-         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1"]
+         "--criterion", "label_smoothed_cross_entropy", *SMOOTHING]
 TINY_MODEL = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32",
               "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
               "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "4",
@@ -103,7 +107,8 @@ TINY_MODEL = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed
 DEMO_MODEL = ["--encoder-layers", "3", "--decoder-layers", "3", "--encoder-embed-dim", "256",
               "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024",
               "--decoder-ffn-embed-dim", "1024", "--encoder-attention-heads", "4",
-              "--decoder-attention-heads", "4", "--dropout", "0.1", "--d-model", "256"]
+              "--decoder-attention-heads", "4", "--dropout", str(paper.DROPOUT),
+              "--d-model", "256"]
 
 
 @dataclass(frozen=True)
@@ -228,6 +233,9 @@ class Check:
         env = dict(self.env)
         if stock:
             env["PYTHONPATH"] = self.site_path()
+            # the fairseq export is laid out as stock fairseq's own checkpoints (an
+            # argparse.Namespace), which stock fairseq reads under torch >= 2.6 only so
+            env["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] = "1"
         log = self.logs / f"{name}.log"
         start = time.time()
         timeout = max(1.0, min(timeout, self.deadline - time.time()))
@@ -337,7 +345,7 @@ class Check:
         overflows = sum(o["output"].count("gradient overflow detected") for o in runs)
         generate = self.command(f"generate-{precision}", self.fairseq("generate", [
             self.data, "--user-dir", PLUGIN, "--task", "vaswani_translation",
-            "--path", save_dir / "checkpoint_last.pt", "--beam", "4", "--lenpen", "0.6",
+            "--path", save_dir / "checkpoint_last.pt", *DECODING,
             "--max-tokens", "8000", "--gen-subset", "test", "--post-process", "subword_nmt",
             *s.cpu_args, *(["--fp16"] if precision == "fp16" and not s.cpu_args else [])]),
             budget - (time.time() - started))
@@ -390,7 +398,8 @@ class Check:
             "--to", "fairseq", "--output", stock_checkpoint], budget)
         if export["code"] != 0:
             return failed(export)
-        common = ["--beam", "4", "--max-len-a", "1", "--max-len-b", "50", "--max-tokens",
+        common = ["--beam", str(paper.BEAM), "--max-len-a", "1", "--max-len-b",
+                  str(paper.MAX_LEN_OVER_SOURCE), "--max-tokens",
                   "8000", "--gen-subset", "test", "--required-batch-size-multiple", "1",
                   *self.settings.cpu_args]
         runs = {}
@@ -412,7 +421,7 @@ class Check:
                   "output_tokens": sum(len(h.split()) for h in hyps["ours"].values()),
                   "sentences": len(hyps["stock"]), "identical_hypotheses": same,
                   "sentences_per_s": speed, "ratio_ours_over_stock": speed["ours"] / speed["stock"],
-                  "precision": "fp32", "beam": 4,
+                  "precision": "fp32", "beam": paper.BEAM,
                   "stock_process": "fairseq-generate without --user-dir (no plugin)"}
         result["status"] = "passed" if same == len(hyps["stock"]) == len(hyps["ours"]) \
             else "failed"
@@ -459,7 +468,7 @@ class Check:
         optimizer = PAPER_OPTIMIZER if impl == "stock" else \
             ["vaswani_adam" if arg == "adam" else arg for arg in PAPER_OPTIMIZER]
         train = [self.work / "wmt_synthetic", "--share-all-embeddings", *optimizer,
-                 "--warmup-updates", "4000", "--max-tokens", size.max_tokens,
+                 "--warmup-updates", str(paper.WARMUP_STEPS), "--max-tokens", size.max_tokens,
                  "--update-freq", size.update_freq, "--max-update", sync_debug,
                  "--no-save", "--disable-validation", "--log-format", "json",
                  "--log-interval", size.interval, "--seed", "1",
@@ -601,7 +610,7 @@ class Check:
             return failed(avg)
         generate = self.command("demo-generate", self.fairseq("generate", [
             self.data, "--user-dir", PLUGIN, "--task", "vaswani_translation", "--path", average,
-            "--beam", "4", "--lenpen", "0.6", "--max-len-a", "1", "--max-len-b", "50",
+            *DECODING, "--max-len-a", "1", "--max-len-b", str(paper.MAX_LEN_OVER_SOURCE),
             "--max-tokens", "8000", "--gen-subset", "test", "--post-process", "subword_nmt",
             "--required-batch-size-multiple", "1", *s.cpu_args]),
             budget - (time.time() - started))

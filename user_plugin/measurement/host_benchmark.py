@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..files.errors import UserError
+from ..paper import ADAM_EPS, DROPOUT, LABEL_SMOOTHING, WARMUP_STEPS, adam_betas_option
 from . import synthetic_corpus
 
 PROBE = Path(__file__).resolve().parent / "train_step_probe.py"
@@ -91,7 +92,8 @@ def model_args(layers: int, dim: int) -> List[str]:
             "--encoder-embed-dim", str(dim), "--decoder-embed-dim", str(dim),
             "--encoder-ffn-embed-dim", str(2 * dim), "--decoder-ffn-embed-dim", str(2 * dim),
             "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
-            "--share-all-embeddings", "--dropout", "0.1", "--label-smoothing", "0.1"]
+            "--share-all-embeddings", "--dropout", str(DROPOUT),
+            "--label-smoothing", str(LABEL_SMOOTHING)]
 
 
 def command(run: Run, data: Path, out: Path, layers: int, dim: int) -> List[str]:
@@ -105,7 +107,8 @@ def command(run: Run, data: Path, out: Path, layers: int, dim: int) -> List[str]
     last = FIRST_COUNTED_CALL + COUNTED_CALLS - 1
     return [*probe, "--", "fairseq_cli.train", str(data), "--cpu", *training,
             *model_args(layers, dim), *PRECISION_FLAGS[run.precision],
-            "--adam-betas", "(0.9,0.98)", "--adam-eps", "1e-9", "--warmup-updates", "4000",
+            "--adam-betas", adam_betas_option(), "--adam-eps", str(ADAM_EPS),
+                "--warmup-updates", str(WARMUP_STEPS),
             # a small initial loss scale: no overflow in the counted calls (stock fairseq's
             # overflow handling needs CUDA)
             "--fp16-init-scale", "8", "--max-tokens", "1024", "--max-update", str(last),

@@ -17,6 +17,7 @@ from __future__ import annotations
 from fairseq.models import register_model_architecture
 
 # Architectures attach to a registered model: importing the model module registers it first.
+from ..paper import BIG_DROPOUT, DROPOUT
 from .vaswani_transformer import VaswaniTransformerModel  # noqa: F401
 
 MODEL_NAME = "vaswani_transformer"
@@ -58,17 +59,17 @@ def set_dims(
 @register_model_architecture(MODEL_NAME, "vaswani_base")
 def vaswani_base(args) -> None:
     """Base model (Table 3): N 6, d_model 512, d_ff 2048, h 8, d_k = d_v = 64, P_drop 0.1."""
-    set_dims(args, layers=6, embed_dim=512, ffn_dim=2048, heads=8, dropout=0.1)
+    set_dims(args, layers=6, embed_dim=512, ffn_dim=2048, heads=8, dropout=DROPOUT)
 
 
 @register_model_architecture(MODEL_NAME, "vaswani_big")
 def vaswani_big(args) -> None:
     """Big model (Table 3): d_model 1024, d_ff 4096, h 16, P_drop 0.3 (EN-DE)."""
-    set_dims(args, layers=6, embed_dim=1024, ffn_dim=4096, heads=16, dropout=0.3)
+    set_dims(args, layers=6, embed_dim=1024, ffn_dim=4096, heads=16, dropout=BIG_DROPOUT)
 
 
 @register_model_architecture(MODEL_NAME, "vaswani_big_en_fr")
 def vaswani_big_en_fr(args) -> None:
     """Big model for EN-FR: as ``vaswani_big`` with P_drop 0.1 (§5.4)."""
-    set_default(args, "dropout", 0.1)
+    set_default(args, "dropout", DROPOUT)
     vaswani_big(args)

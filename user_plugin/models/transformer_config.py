@@ -22,6 +22,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from omegaconf import OmegaConf, open_dict
 
 from ..files.errors import InvalidValue
+from ..paper import DROPOUT
 
 ActivationChoice = ChoiceEnum(utils.get_available_activation_fns())
 
@@ -68,7 +69,7 @@ class VaswaniTransformerConfig(FairseqDataclass):
         default="relu", metadata={"help": "activation of the feed-forward network (§3.3: relu)"}
     )
     dropout: float = field(
-        default=0.1, metadata={"help": "residual and embedding dropout P_drop (§5.4)"}
+        default=DROPOUT, metadata={"help": "residual and embedding dropout P_drop (§5.4)"}
     )
     attention_dropout: float = field(
         default=0.0, metadata={"help": "dropout on attention probabilities (not in the paper)"}

@@ -29,6 +29,7 @@ import torch
 from fairseq import optim
 from omegaconf import OmegaConf
 
+from ..paper import ADAM_EPS, adam_betas_option
 from .float32_masters import Float32MasterOptimizer
 
 SHAPES = ((96, 64), (64,), (128, 96), (128,), (7,), (300, 16))
@@ -46,11 +47,11 @@ def training_config(precision: str, optimizer: str = "adam", lr: float = 1e-3,
     if optimizer == "vaswani_adam":
         from . import multi_tensor_adam  # noqa: F401  (registers vaswani_adam)
 
-        section = {"_name": "vaswani_adam", "adam_betas": "(0.9, 0.98)", "adam_eps": 1e-9,
+        section = {"_name": "vaswani_adam", "adam_betas": adam_betas_option(), "adam_eps": ADAM_EPS,
                    "weight_decay": 0.0, "adam_implementation": "fused", "lr": [lr],
                    "memory_efficient_fp16": False}
     else:
-        section = {"_name": "adam", "adam_betas": "(0.9, 0.98)", "adam_eps": 1e-9,
+        section = {"_name": "adam", "adam_betas": adam_betas_option(), "adam_eps": ADAM_EPS,
                    "weight_decay": 0.0, "use_old_adam": False, "fp16_adam_stats": False,
                    "tpu": False, "lr": [lr]}
     return OmegaConf.create({
