@@ -89,3 +89,21 @@ def test_no_lower_layer_imports_registration_or_the_patch_table():
                 if any("registration" in name or "fairseq_patches" in name for name in names):
                     found.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert found == []
+
+
+def test_fairseqs_checkpoint_names_are_parsed_in_one_module():
+    """Every pattern of fairseq's checkpoint file names lives in files/checkpoint_names.py."""
+    grammar = PLUGIN / "files" / "checkpoint_names.py"
+    found = []
+    for path in sorted(PLUGIN.rglob("*.py")):
+        if path == grammar:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) in (
+                    "compile", "fullmatch", "match", "search") and node.args \
+                    and isinstance(node.args[0], ast.Constant) \
+                    and "checkpoint" in str(node.args[0].value) \
+                    and ".pt" in str(node.args[0].value):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert found == []
+    assert "re.compile" in grammar.read_text(encoding="utf-8")

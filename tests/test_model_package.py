@@ -263,3 +263,29 @@ def test_ctranslate2s_own_converter_converts_the_fairseq_export(trained, exporte
         translator = ctranslate2.Translator(str(output), device="cpu")
         result = translator.translate_batch([["Two", "dogs", "play", "."]], beam_size=4)
         assert result[0].hypotheses[0]
+
+
+def test_opening_a_package_reads_and_checks_each_checkpoint_once(trained, monkeypatch):
+    """The checkpoint was read and CRC-checked about four times when a server started: by two
+    searches of the model's files, the hub's loader and fairseq's (patched) loader."""
+    import torch
+
+    from user_plugin.artifacts import checkpoints, manifest
+
+    model = trained.package / "model.pt"
+    counts = {"sha256": 0, "crc": 0, "torch.load": 0}
+
+    def counting(name, function):
+        def count(path, *args, **kwargs):
+            counts[name] += os.fspath(path) == os.fspath(model)
+            return function(path, *args, **kwargs)
+        return count
+
+    monkeypatch.setattr(manifest, "sha256_of", counting("sha256", manifest.sha256_of))
+    monkeypatch.setattr(checkpoints, "checkpoint_integrity_problem",
+                        counting("crc", checkpoints.checkpoint_integrity_problem))
+    monkeypatch.setattr(torch, "load", counting("torch.load", torch.load))
+    translator = load_translator(trained.package)
+    assert counts == {"sha256": 1, "crc": 0, "torch.load": 1}
+    assert translator.model_files.checkpoint_sha256()  # from the checked manifest
+    assert counts["sha256"] == 1

@@ -48,6 +48,7 @@ from pathlib import Path
 
 from .artifacts.digests import sha256_of
 from .files.atomic import atomic_write
+from .files.checkpoint_names import looks_like_checkpoint
 from .files.errors import UserError, file_error
 from .files.training_state import TRAINING_LOCK
 
@@ -55,8 +56,6 @@ DONE = ".done"
 STARTED = ".started"
 #: Files up to this size are hashed by :func:`content_id`; larger ones count by size.
 CONTENT_HASH_LIMIT = 16 * 1024 * 1024
-#: A directory holds training work when it has files of this pattern (fairseq's checkpoints).
-CHECKPOINT = re.compile(r"checkpoint.*\.pt")
 #: The setting whose growth extends a finished training run (its number of updates).
 GROWING_SETTING = "max_update"
 
@@ -391,7 +390,7 @@ def mark_done(directory: Path, config: str, upstreams: Sequence[str],
 def has_checkpoints(directory: Path) -> bool:
     """``directory`` holds checkpoints that a fairseq-train run would resume from."""
     try:
-        return any(CHECKPOINT.fullmatch(name) for name in os.listdir(directory))
+        return any(looks_like_checkpoint(name) for name in os.listdir(directory))
     except OSError:
         return False
 

@@ -26,13 +26,13 @@ it). The caller writes the result
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
+from ..files.checkpoint_names import interval_order
 from ..files.errors import UserError
 from .checkpoints import read_checkpoint
 from .fingerprint import KEY as FINGERPRINT_KEY
@@ -45,9 +45,6 @@ from .fingerprint import (
     stored_fingerprint,
     unchecked_note,
 )
-
-UPDATE_CHECKPOINT = re.compile(r"checkpoint_(\d+)_(\d+)\.pt")
-EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt")
 
 #: Top-level fields not copied to the averaged checkpoint: the optimizer's moments are as large
 #: as the model (twice, for Adam) and mean nothing for the averaged parameters.
@@ -71,14 +68,11 @@ def select_checkpoints(directory: Path, count: int, by: str = "update",
     directory = Path(directory)
     if not directory.is_dir():
         raise UserError(f"{directory}: no such directory")
-    pattern = UPDATE_CHECKPOINT if by == "update" else EPOCH_CHECKPOINT
     found: list[tuple[tuple[int, ...], Path]] = []
     for path in directory.iterdir():
-        match = pattern.fullmatch(path.name)
-        if match is None or not path.is_file():
+        order = interval_order(path.name, by)
+        if order is None or not path.is_file():
             continue
-        numbers = tuple(int(group) for group in match.groups())
-        order = (numbers[1], numbers[0]) if by == "update" else numbers
         if upper_bound is None or order[0] <= upper_bound:
             found.append((order, path))
     found.sort(reverse=True)

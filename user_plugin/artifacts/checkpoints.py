@@ -172,17 +172,12 @@ def read_checkpoint(path: str | os.PathLike, upgrade: bool = False, mmap: bool =
     allow_fairseq_checkpoint_globals()  # the types fairseq checkpoints hold
 
     try:
+        import torch
+
+        state = torch.load(path, map_location="cpu", weights_only=True,
+                           mmap=mmap and not upgrade)
         if upgrade:
-            from fairseq import checkpoint_utils
-
-            # fairseq's loader as the plugin may have wrapped it (to verify what it reads): this
-            # file was verified above
-            load = checkpoint_utils.load_checkpoint_to_cpu
-            state = getattr(load, "__wrapped__", load)(str(path))
-        else:
-            import torch
-
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+            state = upgraded(state)
     except LOAD_ERRORS as error:
         raise load_error(path, error, upgrade) from None
     entries = state if isinstance(state, dict) else {}
@@ -190,6 +185,21 @@ def read_checkpoint(path: str | os.PathLike, upgrade: bool = False, mmap: bool =
         if entries.get(key) is None:
             raise CheckpointError(path, f"not a fairseq checkpoint (no {key!r} entry)")
     return state
+
+
+def upgraded(state: dict) -> dict:
+    """A checkpoint's state as fairseq's ``load_checkpoint_to_cpu`` returns it, from the
+    bytes already read: its configuration as an omegaconf config (objects allowed, as fairseq
+    allows the ``argparse.Namespace`` of legacy models) and fairseq's upgrade of older layouts
+    (``args`` to ``cfg`` ...). Reading the file once here, rather than calling fairseq's loader
+    (which the plugin's patch table wraps to verify what it reads), reads and checks each
+    checkpoint once per load."""
+    from fairseq import checkpoint_utils
+    from omegaconf import OmegaConf
+
+    if isinstance(state, dict) and state.get("cfg") is not None:
+        state["cfg"] = OmegaConf.create(state["cfg"], flags={"allow_objects": True})
+    return checkpoint_utils._upgrade_state_dict(state)
 
 
 class _WriteErrorRecorder:
@@ -281,11 +291,13 @@ def state_dict_mismatch(model: Mapping, checkpoint: Mapping, model_name: str = "
 logger = logging.getLogger(__name__)
 
 
-def read_model_checkpoint(path: Path) -> dict:
+def read_model_checkpoint(path: Path, verify: bool = True) -> dict:
     """A checkpoint with its ``cfg`` and ``model``, upgraded by fairseq as its loaders do; a
-    :class:`ArtifactError` (``cannot read checkpoint PATH: ...``) when it cannot be used."""
+    :class:`ArtifactError` (``cannot read checkpoint PATH: ...``) when it cannot be used.
+    ``verify=False``: its records' CRC-32s are not checked again (a package's files were
+    checked by sha256 against its manifest)."""
     try:
-        return read_checkpoint(path, upgrade=True, required=("cfg", "model"))
+        return read_checkpoint(path, upgrade=True, required=("cfg", "model"), verify=verify)
     except CheckpointError as error:
         raise ArtifactError(f"cannot read checkpoint {error.path}: {error.problem}") from None
     except UserError as error:

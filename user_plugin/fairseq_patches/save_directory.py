@@ -1,5 +1,8 @@
 """A training run's save directory: one writer, final means final, intact resumes, no orphans.
 
+This module adapts fairseq: its wrappers hold the lock and decide at fairseq's call sites; the
+rules they apply are plain functions of :mod:`user_plugin.artifacts.save_directory`.
+
 fairseq-train keeps a run's whole state in its ``--save-dir``; a rerun of the same command
 resumes from ``checkpoint_last.pt``. :mod:`user_plugin.fairseq_patches` (when the plugin is
 imported) wraps five of fairseq's ``checkpoint_utils`` functions, which ``fairseq_cli.train``
@@ -60,48 +63,50 @@ import copy
 import functools
 import logging
 import os
-import re
 from pathlib import Path
 
 from ..artifacts.checkpoints import (
     LOAD_ERRORS,
     CheckpointError,
-    checkpoint_file_problem,
     load_error,
     refuse_unusable_file,
     save_checkpoint,
     state_dict_mismatch,
 )
+from ..artifacts.fingerprint import KEY as FINGERPRINT_KEY
 from ..artifacts.fingerprint import (
-    ARCHITECTURE,
-    architecture_mismatch,
     dictionary_mismatch,
     distinct_parameters,
     duplicate_note,
     ensemble_mismatch,
-    fingerprint_mismatch,
-    has_data,
     parameters_sha256,
     stored_fingerprint,
     task_fingerprint,
     unchecked_note,
-    with_architecture,
 )
-from ..artifacts.fingerprint import KEY as FINGERPRINT_KEY
+from ..artifacts.save_directory import (
+    architecture_change,
+    finished_reason,
+    newest_intact,
+    num_updates,
+    read_metadata,
+    remove_orphans,
+    training_data_mismatch,
+    verified_problem,
+    vocabulary_sizes_fit,
+)
+from ..files.checkpoint_names import (
+    LAST,
+    last_checkpoint,
+)
 from ..files.errors import UserError, file_error, on_interrupt
 from ..files.lock import DirectoryLock
 from ..files.training_state import TRAINING_LOCK
 
 logger = logging.getLogger(__name__)
 
-LAST = "checkpoint_last.pt"
-#: fairseq's own temporary checkpoint files: ``torch_persistent_save`` writes ``NAME.tmp``.
-FAIRSEQ_TEMP = re.compile(r"checkpoint.*\.pt\.tmp")
-#: Checkpoints a run can resume from, besides ``checkpoint_last.pt``.
-RESUMABLE = re.compile(r"checkpoint(\d+|_\d+_\d+|_best|\.best_.+)\.pt")
 
 _locks: dict[Path, DirectoryLock] = {}
-_verified: dict[Path, tuple[int, int]] = {}
 #: The training fingerprint of this process's run (its task's dictionaries and languages),
 #: written into every checkpoint it saves.
 _run_fingerprint: dict[str, str] | None = None
@@ -146,95 +151,8 @@ def interrupted_note() -> str | None:
             "resume from it")
 
 
-def remove_orphans(directory: Path) -> list[tuple[Path, int]]:
-    """Remove the temporary files that killed saves left in ``directory`` (ours, and fairseq's
-    ``checkpoint*.pt.tmp``, which nothing else writes while the lock is held); return them
-    with their sizes."""
-    from ..files.atomic import remove_stale_temporaries
-
-    removed = remove_stale_temporaries(directory)
-    for entry in os.scandir(directory):
-        if FAIRSEQ_TEMP.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
-            size = entry.stat().st_size
-            try:
-                os.unlink(entry.path)
-            except FileNotFoundError:
-                continue
-            removed.append((Path(entry.path), size))
-    return removed
-
-
 # ---------------------------------------------------------------------------------------------
 # What to resume from
-
-
-def verified_problem(path: Path) -> str | None:
-    """:func:`checkpoint_file_problem` of ``path``, remembered while the file is unchanged (a
-    resume reads the file it has just checked)."""
-    stat = path.stat()
-    key = (stat.st_size, stat.st_mtime_ns)
-    if _verified.get(path) == key:
-        return None
-    problem = checkpoint_file_problem(path)
-    if problem is None:
-        _verified[path] = key
-    return problem
-
-
-def read_metadata(path: Path) -> dict | None:
-    """The checkpoint's state with its tensors memory-mapped (nothing large is read; a file in
-    torch's legacy format, which cannot be mapped, is read), or None when it cannot be
-    loaded."""
-    import torch
-
-    for mmap in (True, False):
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-        except LOAD_ERRORS:
-            continue
-        return state if isinstance(state, dict) else None
-    return None
-
-
-def num_updates(state: dict) -> int:
-    history = state.get("optimizer_history") or [{}]
-    return int(history[-1].get("num_updates", 0) or 0)
-
-
-def finished_reason(state: dict, path: Path, checkpoint_cfg, optimization_cfg) -> str | None:
-    """Why resuming ``state`` (read from ``path``) would train nothing more, or None: it
-    reached ``--max-update``, or it ends epoch ``--max-epoch``. ``--reset-optimizer`` restarts
-    the update count and ``--reset-dataloader`` the epochs, so they make the run go on."""
-    max_update = optimization_cfg.max_update or 0
-    updates = num_updates(state)
-    if max_update > 0 and not checkpoint_cfg.reset_optimizer and updates >= max_update:
-        return f"{path} holds update {updates} and --max-update is {max_update}"
-    max_epoch = optimization_cfg.max_epoch or 0
-    # fairseq saves the end of epoch E as the start of epoch E + 1 (its iterator's state_dict)
-    iterator = (state.get("extra_state") or {}).get("train_iterator") or {}
-    next_epoch = int(iterator.get("epoch", 1))
-    if max_epoch > 0 and not checkpoint_cfg.reset_dataloader and next_epoch > max_epoch:
-        return f"{path} holds the end of epoch {next_epoch - 1} and --max-epoch is {max_epoch}"
-    return None
-
-
-def newest_intact(directory: Path, exclude: Path) -> tuple[Path, dict] | None:
-    """The checkpoint of ``directory`` (other than ``exclude``) with the most updates whose
-    integrity holds, and its state; damaged ones on the way are logged."""
-    candidates = []
-    for entry in os.scandir(directory):
-        path = Path(entry.path)
-        if path != exclude and RESUMABLE.fullmatch(entry.name) and entry.is_file():
-            state = read_metadata(path)
-            updates = num_updates(state) if state is not None else -1
-            interval_first = 0 if "best" in entry.name else 1
-            candidates.append((updates, interval_first, entry.name, path, state))
-    for _, _, _, path, state in sorted(candidates, key=lambda c: c[:3], reverse=True):
-        problem = "cannot be loaded" if state is None else verified_problem(path)
-        if problem is None:
-            return path, state
-        logger.warning(f"{path} is not usable either: {problem}")
-    return None
 
 
 def plan_resume(cfg, trainer) -> dict:
@@ -243,7 +161,7 @@ def plan_resume(cfg, trainer) -> dict:
     suffix = trainer.checkpoint_suffix
     save_dir = Path(cfg.save_dir)
     default = cfg.restore_file == LAST
-    path = save_dir / f"checkpoint_last{suffix}.pt" if default else Path(cfg.restore_file)
+    path = save_dir / last_checkpoint(suffix) if default else Path(cfg.restore_file)
     if default and (cfg.finetune_from_model or getattr(cfg, "continue_once", None)) \
             and not path.exists():
         return {"restore": None}  # fairseq starts from the pretrained model
@@ -301,32 +219,6 @@ def plan_resume(cfg, trainer) -> dict:
     if mismatch is not None:
         return {"error": f"cannot resume: {mismatch}; train into another --save-dir"}
     return {"restore": None if restore is None else str(restore)}
-
-
-def architecture_change(state: dict, path: Path, model_cfg) -> str | None:
-    """The architecture options (:data:`~user_plugin.artifacts.fingerprint.ARCHITECTURE_OPTIONS`)
-    whose values in the run's model configuration ``model_cfg`` differ from those ``state``
-    (read from ``path``) was trained with, naming each with both values; None when they agree
-    or when either configuration is unknown."""
-    stored = stored_fingerprint(state)
-    if model_cfg is None or stored is None or ARCHITECTURE not in stored:
-        return None
-    expected = with_architecture(None, model_cfg)
-    return architecture_mismatch(expected[ARCHITECTURE], stored[ARCHITECTURE], "this run",
-                                 str(path))
-
-
-def training_data_mismatch(state: dict, path: Path, task) -> str | None:
-    """How the data part of the training fingerprint stored in ``state`` (read from ``path``)
-    differs from that of the run's ``task`` (same-size dictionaries in another token order,
-    swapped languages), naming both; None when they agree or when the checkpoint has none
-    (older)."""
-    expected = task_fingerprint(task)
-    stored = stored_fingerprint(state)
-    if expected is None or not has_data(stored):
-        return None
-    data = getattr(task.cfg, "data", None) or "this run"
-    return fingerprint_mismatch(expected, stored, f"the data of this run ({data})", str(path))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -485,19 +377,6 @@ def check_ensemble(filenames, task=None, state=None) -> list:
     if dropped:
         logger.warning(duplicate_note(dropped, len(kept)))
     return [filenames[index] for index in kept]
-
-
-def vocabulary_sizes_fit(state: dict, task) -> bool:
-    """Whether the embedding tables of a checkpoint's model have as many rows as the task's
-    dictionaries have entries (a mismatch is reported by the load, naming the shapes)."""
-    model = state.get("model") or {}
-    for key, dictionary in (("encoder.embed_tokens.weight", task.source_dictionary),
-                            ("decoder.embed_tokens.weight", task.target_dictionary)):
-        table = model.get(key)
-        if table is not None and getattr(table, "shape", (len(dictionary),))[0] != \
-                len(dictionary):
-            return False
-    return True
 
 
 def checking_load_model_ensemble_and_task(load_model_ensemble_and_task):

@@ -3,7 +3,7 @@ that no command writes over it.
 
 fairseq-train keeps a run's whole state in its ``--save-dir``: checkpoints that hold the
 optimizer's state (the top-level entry ``last_optimizer_state``) under the names fairseq gives
-them (:data:`CHECKPOINT_NAME`: ``checkpoint_last.pt``, ``checkpoint_best.pt``,
+them (:func:`~.checkpoint_names.is_run_checkpoint`: ``checkpoint_last.pt``, ``checkpoint_best.pt``,
 ``checkpoint<epoch>.pt``, ``checkpoint_<epoch>_<update>.pt``,
 ``checkpoint.best_<metric>_<value>.pt``, with a shard suffix in sharded runs), and, while a
 run holds the directory, its lock :data:`TRAINING_LOCK`. A run resumes from
@@ -32,16 +32,15 @@ from __future__ import annotations
 import io
 import os
 import pickle
-import re
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from .checkpoint_names import is_run_checkpoint
+
 #: The lock file of a training run's save directory (taken by
 #: ``user_plugin.fairseq_patches.save_directory``).
 TRAINING_LOCK = ".vaswani-train.lock"
-#: The names fairseq-train gives the checkpoints of a run (and resumes from).
-CHECKPOINT_NAME = re.compile(r"checkpoint(_last|_best|\d+|_\d+_\d+|\.best_.+?)(-[^/]+)?\.pt")
 #: The largest pickle record read to find a checkpoint's entries (fairseq's are kilobytes:
 #: tensors are stored in records of their own).
 MAX_PICKLE_BYTES = 64 << 20
@@ -114,7 +113,7 @@ def save_directory_evidence(directory: str | os.PathLike,
     except OSError:
         return None
     for entry in entries:
-        if not CHECKPOINT_NAME.fullmatch(entry.name) or not entry.is_file():
+        if not is_run_checkpoint(entry.name) or not entry.is_file():
             continue
         if exclude is not None and os.path.realpath(entry.path) == os.path.realpath(exclude):
             continue
@@ -130,7 +129,7 @@ def training_checkpoint_problem(path: str | os.PathLike) -> str | None:
     if path.is_file() and holds_optimizer_state(path):
         return ("is a training checkpoint (it holds an optimizer state, which a training run "
                 "resumes from)")
-    if CHECKPOINT_NAME.fullmatch(path.name):
+    if is_run_checkpoint(path.name):
         evidence = save_directory_evidence(path.parent if str(path.parent) else ".", path)
         if evidence is not None:
             return (f"is a name fairseq-train gives the checkpoints it resumes from, in the save "

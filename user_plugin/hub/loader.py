@@ -79,7 +79,8 @@ def load_translator(
     if backend != "fairseq":
         raise ArtifactError(f"backend must be 'fairseq' or 'ctranslate2', got {backend!r}")
     files = open_model(model_dir, checkpoints, data_dir, bpe_codes, sentencepiece_model)
-    states = [read_model_checkpoint(path) for path in files.checkpoints]
+    states = [read_model_checkpoint(path, verify=files.manifest is None)
+              for path in files.checkpoints]
     mismatch = ensemble_mismatch([(path, stored_fingerprint(state))
                                   for path, state in zip(files.checkpoints, states)])
     if mismatch is not None:
