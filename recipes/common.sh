@@ -80,7 +80,7 @@ load_pair() {
 start_pair_run() { load_pair "$@"; activate_venv; setup_paths; }
 
 # setup_paths: the steps' directories (absolute; none created): PREP_DIR, BIN_DIR (= DATA_BIN),
-# CKPT_DIR, AVG_DIR, GEN_DIR, SCORE_DIR, PKG_DIR (the model package; docs/recipes.md). A step empties its directory when
+# CKPT_DIR, AVG_DIR, GEN_DIR, SCORE_DIR, PKG_DIR (docs/recipes.md). A step empties its directory when
 # redone, so none may be or hold another's, RAW_DIR, WORK_DIR, the repository or HOME.
 setup_paths() {
   local name kept
@@ -127,11 +127,9 @@ model_defaults() {
 }
 
 # detect_device: DEVICE [gpu when torch sees one, else cpu], NUM_GPUS, VISIBLE_GPUS, PRECISION
-# [GPU: user_plugin/training_defaults.py's for its compute capability (bf16 from 8, fp16
-# below); CPU: fp32], PRECISION_ARGS, and DEVICE_OPTIMIZER (the GPU's default optimizer there;
-# adam on a CPU).
+# and DEVICE_OPTIMIZER [user_plugin/training_defaults.py's for the device], PRECISION_ARGS.
 detect_device() {
-  local capability cuda_precision
+  local capability defaults
   read -r VISIBLE_GPUS capability <<< "$(python -c 'import torch
 n = torch.cuda.device_count()
 print(n, min((torch.cuda.get_device_capability(i)[0] for i in range(n)), default=0))' \
@@ -143,14 +141,12 @@ print(n, min((torch.cuda.get_device_capability(i)[0] for i in range(n)), default
       NUM_GPUS=${NUM_GPUS:-$VISIBLE_GPUS}
       require_int NUM_GPUS
       [ "$NUM_GPUS" -ge 1 ] && [ "$NUM_GPUS" -le "$VISIBLE_GPUS" ] \
-        || die "NUM_GPUS=$NUM_GPUS but torch sees $VISIBLE_GPUS GPU(s)"
-      read -r cuda_precision DEVICE_OPTIMIZER \
-        <<< "$(python "$PLUGIN_DIR/training_defaults.py" "$capability")" \
-        || die "cannot read the GPU training defaults (user_plugin/training_defaults.py)"
-      PRECISION=${PRECISION:-$cuda_precision} ;;
-    cpu) NUM_GPUS=0 PRECISION=${PRECISION:-fp32} DEVICE_OPTIMIZER=adam ;;
+        || die "NUM_GPUS=$NUM_GPUS but torch sees $VISIBLE_GPUS GPU(s)" ;;
+    cpu) NUM_GPUS=0 ;;
     *) die "DEVICE must be gpu or cpu, got '$DEVICE'" ;;
   esac
+  defaults=$(python "$PLUGIN_DIR/training_defaults.py" "$DEVICE" "$capability") || exit 1
+  PRECISION=${PRECISION:-${defaults% *}} DEVICE_OPTIMIZER=${defaults#* }
   case "$PRECISION" in
     fp32) PRECISION_ARGS=() ;;
     fp16|bf16) PRECISION_ARGS=("--$PRECISION") ;;
@@ -210,6 +206,7 @@ skip_step_if_done() {
   if step_is_done "$@"; then log "already done ($1/.done); skipping"; exit 0; fi
 }
 
+
 # require_step DIR NAME [ITS_INPUT...]: die unless step NAME finished in DIR (on these inputs).
 # step_restart DIR: empty DIR (never one a live training holds). step_begin DIR CONFIG
 # [UPSTREAM...]: record how the partial work in DIR starts (.started). step_can_continue: it was
@@ -237,6 +234,7 @@ begin_training() {
 binarize_prepared() {
   local config=$1 src=$2 tgt=$3 split lang outputs=("dict.$2.txt" "dict.$3.txt")
   skip_step_if_done "$BIN_DIR" "$config" "$PREP_DIR"
+  ask keep-trained "$BIN_DIR" "$CKPT_DIR" "${START_OVER:-0}" "$ANSWER" || die "$ANSWER"
   require_step "$PREP_DIR" prepare
   log "binarizing $PREP_DIR into $BIN_DIR ($WORKERS workers): ${*:4}"
   step_restart "$BIN_DIR"

@@ -796,3 +796,25 @@ def test_gnmt_score_of_a_reference_equals_its_hypothesis_score(setup):
         assert scored[i]["hypos"][0]["tokens"] == out[i]["hypos"][0]["tokens"]
         assert scored[i]["hypos"][0]["score"] == pytest.approx(out[i]["hypos"][0]["score"],
                                                                abs=1e-4)
+
+
+def test_our_model_under_fairseqs_own_task_decodes_diverse_beams(trained_multi30k):
+    """Our checkpoint under fairseq-generate --task translation --diverse-beam-groups 2 ended in
+    IndexError once the search fixes were built by our task's generator only: they now apply to
+    every run of our model, whichever task decodes it, with that task's own scoring."""
+    common = [trained_multi30k.data_bin, "--user-dir", USER_DIR, "--path",
+              trained_multi30k.checkpoint_dir / "checkpoint_last.pt", "--gen-subset", "test",
+              "--cpu", "--batch-size", "16", "--max-len-a", "1", "--max-len-b", "50",
+              "--required-batch-size-multiple", "1"]
+    diverse = run_fairseq("generate", [*common, "--task", "translation", "--beam", "4",
+                                       "--diverse-beam-groups", "2", "--nbest", "2"])
+    hypos = parse_output(diverse.stdout)
+    assert len(hypos) == 100 and all(len(entry["hypos"]) == 2 for entry in hypos.values())
+    plain = parse_output(run_fairseq("generate", [*common, "--task", "translation", "--beam",
+                                                  "4"]).stdout)
+    ours = parse_output(run_fairseq("generate", [*common, "--task", "vaswani_translation",
+                                                 "--beam", "4", "--length-penalty-form",
+                                                 "fairseq", "--max-len-over-source", "-1"
+                                                 ]).stdout)
+    assert {i: e["hypos"][0]["tokens"] for i, e in plain.items()} == \
+        {i: e["hypos"][0]["tokens"] for i, e in ours.items()}

@@ -270,10 +270,13 @@ def test_the_recipes_gpu_defaults_come_from_training_defaults():
 
     script = REPO / "user_plugin" / "training_defaults.py"
     for capability, precision in (("7", "fp16"), ("9", CUDA_TRAINING_DEFAULTS["precision"])):
-        out = subprocess.run([sys.executable, str(script), capability], capture_output=True,
-                             text=True, check=True).stdout.split()
+        out = subprocess.run([sys.executable, str(script), "gpu", capability],
+                             capture_output=True, text=True, check=True).stdout.split()
         assert out == [precision, CUDA_TRAINING_DEFAULTS["optimizer"]]
+    out = subprocess.run([sys.executable, str(script), "cpu"], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["fp32", "adam"]
     common = (REPO / "recipes" / "common.sh").read_text(encoding="utf-8")
-    assert 'python "$PLUGIN_DIR/training_defaults.py" "$capability"' in common
+    assert 'python "$PLUGIN_DIR/training_defaults.py" "$DEVICE" "$capability"' in common
     assert "OPTIMIZER=${OPTIMIZER:-$DEVICE_OPTIMIZER}" in (
         REPO / "recipes" / "steps" / "train.sh").read_text(encoding="utf-8")

@@ -25,6 +25,7 @@ from cli import command, fairseq_env
 from conftest import REPO, SHARED_DATA, require_data
 
 from user_plugin.commands import prepare_text
+from user_plugin.files import run_main
 
 RECIPES = REPO / "recipes"
 RUN_ALL = RECIPES / "run_all.sh"
@@ -123,6 +124,24 @@ def test_hypotheses_come_back_in_source_order_and_gaps_are_errors():
     assert prepare_text.parse_hypotheses(lines, 3) == ["erste Zeile", "zweite", ""]
     with pytest.raises(prepare_text.UserError, match="1 of 4 sentences have no hypothesis"):
         prepare_text.parse_hypotheses(lines, 4)
+
+
+def test_a_generate_log_holding_two_runs_is_refused(tmp_path, capsys):
+    """Two runs appended (or a full run then a killed half run) mixed their hypotheses: the
+    first H- line of each id was taken, from either run, without a word."""
+    run = ["S-0\tA dog .", "H-0\t-0.3\tein Hund", "S-1\tA cat .", "H-1\t-0.2\teine Katze"]
+    half = ["S-1\tA cat .", "H-1\t-0.9\tKatze Katze"]
+    for log in (run + run, run + half, half + run):
+        with pytest.raises(prepare_text.UserError, match="more than one run of fairseq-generate"):
+            prepare_text.parse_hypotheses(log, 2)
+    path = tmp_path / "generate-test.txt"
+    path.write_text("\n".join(run + half) + "\n", encoding="utf-8")
+    status = run_main(prepare_text.main, [
+        "extract-hypotheses", "--expected", "2", str(path), str(tmp_path / "hyp.de")],
+        prepare_text.PROG)
+    assert status == 1 and not (tmp_path / "hyp.de").exists()
+    assert "sentence 1 is translated again" in capsys.readouterr().err
+    assert prepare_text.parse_hypotheses(run, 2) == ["ein Hund", "eine Katze"]
 
 
 def test_sgm_segments_are_trimmed_and_whitespace_collapsed():
@@ -483,6 +502,38 @@ def test_rerun_skips_finished_steps_and_redoes_a_partly_deleted_one(en_de_chain)
     assert (binarized / "test.en-de.de.bin").stat().st_size > 0
     assert (binarized / ".done").read_text().split("\nid ")[1].split("\n")[0] != old_id
     assert output_mtimes(work / "prepared") == before[work / "prepared"]
+
+
+def test_a_data_setting_change_never_throws_away_a_trained_run(en_de_chain):
+    """A finished run rerun with another BPE_OPS redid the data and trained from scratch,
+    deleting its checkpoints, with one progress line."""
+    work, env, _ = en_de_chain
+    checkpoints = work / "base/checkpoints"
+    before = {work / d: output_mtimes(work / d) for d in ("prepared", "data-bin",
+                                                          "base/checkpoints")}
+    result = run_script(RUN_ALL, {**env, "BPE_OPS": "400"}, "wmt14_en_de", check=False)
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and "START_OVER=1" in errors[0] and str(checkpoints) in errors[0]
+    assert {d: output_mtimes(d) for d in before} == before
+    for name, value in (("BPE_OPS", "0"), ("MIN_LEN", "300")):
+        result = run_script(step_script("prepare"), {**env, name: value}, "wmt14_en_de",
+                            check=False)
+        errors = [line for line in result.stderr.splitlines() if ": error: " in line]
+        assert result.returncode == 1 and len(errors) == 1 and name in errors[0], result.stderr
+    assert {d: output_mtimes(d) for d in before} == before
+
+
+def test_cleaning_that_keeps_no_pair_is_one_line(tmp_path, capsys):
+    for lang in ("en", "de"):
+        (tmp_path / f"train.{lang}").write_text("a b c\nd e\n", encoding="utf-8")
+    status = run_main(prepare_text.main, [
+        "clean", "--min-len", "5", "--max-len", "9", "--src-in", str(tmp_path / "train.en"),
+        "--tgt-in", str(tmp_path / "train.de"), "--src-out", str(tmp_path / "out.en"),
+        "--tgt-out", str(tmp_path / "out.de")], prepare_text.PROG)
+    err = capsys.readouterr().err
+    assert status == 1 and "none of the 2 pairs" in err and err.count("\n") == 1
+    assert not (tmp_path / "out.en").exists() and not (tmp_path / "out.de").exists()
 
 
 def test_en_fr_chain_with_sentencepiece(tmp_path):

@@ -387,6 +387,23 @@ def mark_done(directory: Path, config: str, upstreams: Sequence[str],
     return record
 
 
+def redo_problem(directory: Path, reason: str, save_dir: Path, start_over: str) -> str | None:
+    """Why the data step in ``directory`` must not redo its finished work (``reason``: why it
+    would, as :func:`done_problem` says): ``save_dir`` holds checkpoints trained on that data,
+    which the training step would then delete when it starts over. None when ``start_over`` is
+    ``"1"``, the work never finished, only an output was lost (the same data again), or there
+    are no checkpoints."""
+    if start_over not in ("0", "1"):
+        raise UserError(f"START_OVER must be 0 or 1, got {start_over!r}")
+    if (start_over == "1" or not (directory / DONE).is_file() or reason.startswith("output ")
+            or not has_checkpoints(save_dir)):
+        return None
+    return (f"the data in {directory} would be redone ({reason or 'its settings changed'}) "
+            f"and the run in {save_dir} would start over, deleting its checkpoints: restore "
+            "the setting, choose another WORK_DIR, or set START_OVER=1 to redo the data and "
+            "train again")
+
+
 def has_checkpoints(directory: Path) -> bool:
     """``directory`` holds checkpoints that a fairseq-train run would resume from."""
     try:

@@ -5,8 +5,8 @@ combination faster than today's against stock fairseq.
 Until a GPU run has measured the plugin's float32-master ``--bf16`` / ``--fp16`` and
 ``vaswani_adam`` there, these are the recipes' defaults as they were: bf16 on GPUs of compute
 capability 8 or more (fp16 below), fairseq's ``adam``. ``python user_plugin/training_defaults.py
-CAPABILITY`` prints ``PRECISION OPTIMIZER`` for a GPU of that compute capability (major
-version): the recipes' ``detect_device`` reads it.
+gpu CAPABILITY`` (or ``cpu``) prints ``PRECISION OPTIMIZER`` for a GPU of that compute
+capability (major version), or a CPU: the recipes' ``detect_device`` reads it.
 """
 
 from __future__ import annotations
@@ -28,13 +28,20 @@ def cuda_defaults(capability: int) -> tuple[str, str]:
     return precision, CUDA_TRAINING_DEFAULTS["optimizer"]
 
 
+#: On a CPU: float32, fairseq's ``adam``.
+CPU_TRAINING_DEFAULTS = ("fp32", "adam")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Print ``PRECISION OPTIMIZER`` for the compute capability given (default 8)."""
+    """Print ``PRECISION OPTIMIZER`` for ``gpu CAPABILITY`` or ``cpu``."""
     args = sys.argv[1:] if argv is None else list(argv)
-    if len(args) > 1 or (args and not args[0].isdigit()):
-        print("usage: training_defaults.py [CAPABILITY]", file=sys.stderr)
+    if args[:1] == ["cpu"]:
+        print(*CPU_TRAINING_DEFAULTS)
+        return 0
+    if len(args) != 2 or args[0] != "gpu" or not args[1].isdigit():
+        print("usage: training_defaults.py cpu | gpu CAPABILITY", file=sys.stderr)
         return 2
-    print(*cuda_defaults(int(args[0]) if args else 8))
+    print(*cuda_defaults(int(args[1])))
     return 0
 
 

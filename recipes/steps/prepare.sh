@@ -46,6 +46,10 @@ WORKERS=${WORKERS:-$(num_cpus)}
 for name in TRAIN_LINES MIN_LEN MAX_LEN BPE_OPS SPM_VOCAB SPM_SAMPLE WORKERS; do
   require_int "$name"
 done
+for name in BPE_OPS SPM_VOCAB; do
+  [ "${!name}" -ge 1 ] || die "$name must be at least 1, got ${!name}"
+done
+[ "$MIN_LEN" -le "$MAX_LEN" ] || die "MIN_LEN ($MIN_LEN) must not exceed MAX_LEN ($MAX_LEN)"
 S=$SRC_LANG
 T=$TGT_LANG
 
@@ -69,6 +73,8 @@ if [ -n "$RAW_DIR" ]; then
   done
 fi
 skip_step_if_done "$PREP_DIR" "$config" "${raw_inputs[@]}"
+# redoing finished data would start the run in CKPT_DIR over, deleting its checkpoints
+ask keep-trained "$PREP_DIR" "$CKPT_DIR" "${START_OVER:-0}" "$ANSWER" || die "$ANSWER"
 
 log "preparing $S-$T text in $PREP_DIR ($subword_config, workers $WORKERS)"
 step_restart "$PREP_DIR"

@@ -103,6 +103,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     (:func:`cli_main` prints it as one line, status 1)."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     args = build_parser().parse_args(argv)
+    from ..registration import register
+
+    register()  # our model and task, safe loading, the checks fairseq's loaders get
     from ..artifacts.errors import ArtifactError
     from ..artifacts.model_files import open_model
     from ..files.atomic import refuse_input_clash

@@ -56,6 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
+    from ..registration import register
+
+    register()  # our model and task, safe loading, the checks fairseq's loaders get
     from ..artifacts.package import describe, read_package
     from ..artifacts.packaging import read_scores, write_package
 

@@ -232,12 +232,30 @@ def sgm_segments(lines: Iterable[str]) -> Iterator[str]:
             yield single_line(match.group(1))
 
 
+def refuse_several_runs(lines: Sequence[str]) -> None:
+    """A :class:`UserError` when a fairseq-generate log holds more than one run: a sentence's
+    source line (``S-<id>``, one per sentence in a run) appears twice, as in a log appended to
+    with ``>>``, or a complete run followed by a killed one. Their hypotheses would be mixed
+    without a word; a run that did not finish lacks hypotheses, which the count refuses."""
+    seen: dict[str, int] = {}
+    for line in lines:
+        if line.startswith("S-"):
+            sentence = line.split("\t", 1)[0][2:]
+            seen[sentence] = seen.get(sentence, 0) + 1
+            if seen[sentence] > 1:
+                raise UserError(
+                    f"holds more than one run of fairseq-generate (sentence {sentence} is "
+                    "translated again: a log appended to with >>, or a run followed by another): "
+                    "give the log of one complete run")
+
+
 def parse_hypotheses(lines: Iterable[str], expected: int) -> list[str]:
     """The best hypothesis of each sentence from fairseq-generate's ``H-<id>\\t<score>\\t<text>``
     lines, in the order of the ids ``0..expected-1``; an error when any id is missing. Output
     without ``H-`` lines (``grep '^D-'`` of a log) is read from its ``D-`` lines (the
     detokenized hypotheses, same layout)."""
     lines = list(lines)
+    refuse_several_runs(lines)
     kind = "H-" if any(line.startswith("H-") for line in lines) else "D-"
     by_id: dict[int, str] = {}
     for line in lines:
@@ -362,6 +380,11 @@ def cmd_clean(args: argparse.Namespace) -> int:
                         counts["kept"] += 1
                         src_handle.write(src + "\n")
                         tgt_handle.write(tgt + "\n")
+            if counts["total"] and not counts["kept"]:  # nothing written: nothing to train on
+                raise UserError(
+                    f"none of the {counts['total']} pairs of {args.src_in} has {args.min_len}.."
+                    f"{args.max_len} tokens per side and a length ratio <= {args.ratio}: "
+                    "nothing to train on (widen MIN_LEN/MAX_LEN, --min-len/--max-len)")
 
         atomic_write(args.tgt_out, write_tgt)
 

@@ -44,6 +44,9 @@ the reason on stdout; 1: bad input.
   id PATH                             the identity of an input
   apart NAME=DIR... [-- NAME=DIR...]  are these step directories apart from each other and
                                       from the kept directories after --?
+  keep-trained DIR SAVE_DIR START_OVER REASON
+                                      may the data step in DIR redo its finished work
+                                      (REASON) without deleting SAVE_DIR's checkpoints?
 """
 
 
@@ -136,6 +139,12 @@ def _id(words: Sequence[str]) -> int:
     return 0
 
 
+def _keep_trained(words: Sequence[str]) -> int:
+    if len(words) != 4:
+        raise UserError(f"usage: {PROG} keep-trained DIR SAVE_DIR START_OVER REASON")
+    return _answer(steps.redo_problem(Path(words[0]), words[3], Path(words[1]), words[2]))
+
+
 def _apart(words: Sequence[str]) -> int:
     directories, kept = _split(words, "apart NAME=DIR... [-- NAME=DIR...]", 1)
     return _answer(steps.overlap_problem(_named(directories), _named(kept)))
@@ -144,7 +153,7 @@ def _apart(words: Sequence[str]) -> int:
 SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "status": _status, "require": _require, "restart": _restart, "begin": _begin,
     "can-continue": _can_continue, "begin-training": _begin_training, "done": _done,
-    "id": _id, "apart": _apart,
+    "id": _id, "apart": _apart, "keep-trained": _keep_trained,
 }
 
 

@@ -205,6 +205,16 @@ PATCHES: Tuple[Patch, ...] = (
         OUR_RUNS,
     ),
     Patch(
+        "our_model_searches",
+        _one("fairseq.tasks.fairseq_task:FairseqTask.build_generator",
+             decoding.building_fixed_searches, scope.stock_generator_of_our_model),
+        "our model decoded under fairseq's own --task translation gets the fixed searches of our "
+        "task's generator, with fairseq's penalty and length limit (fairseq alone: "
+        "--diverse-beam-groups 2 ends in IndexError, constraints and short-beam alignments "
+        "fail); a stock model keeps fairseq's generator",
+        OUR_RUNS,
+    ),
+    Patch(
         ONE_LINE_ERRORS,
         _one("sys:excepthook", one_line_errors.one_line_excepthook),
         "the plugin's UserError reaching fairseq's entry points prints 'prog: error: ...' and "

@@ -22,7 +22,9 @@ Both ``--replace-unk`` fixes only turn fairseq's crash into a result, so they ap
 ``post_process_prediction`` look them up); the input-line fix applies to our runs. The fixes of
 the search itself (diverse beam search, lexically constrained search, alignments of sentences
 with fewer hypotheses than the beam, ``--no-repeat-ngram-size`` on a CPU) live in our task's
-generator (:mod:`user_plugin.generation`), not here.
+generator (:mod:`user_plugin.generation`), not here; our model decoded under another task
+(``--task translation``) gets them too, with that task's own scoring and length limit
+(:func:`building_fixed_searches`), while a stock model keeps fairseq's generator.
 """
 
 from __future__ import annotations
@@ -133,3 +135,29 @@ def interactive_keeping_empty_sources(main):
             return main(*args, **kwargs)
 
     return interactive_main
+
+
+def building_fixed_searches(build_generator):
+    """``FairseqTask.build_generator`` that, for one of our models under another task than ours
+    (the row's scope), builds our generator with fairseq's semantics: fairseq's ``|Y|^alpha``
+    penalty, its ``--max-len-a/b`` limit and stopping rule, and the fixed searches (diverse beams,
+    constraints, n-gram blocking, alignments of short beams) where fairseq 0.12 crashes, as
+    ``--diverse-beam-groups 2`` did with ``IndexError``."""
+
+    @functools.wraps(build_generator)
+    def build(task, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
+              prefix_allowed_tokens_fn=None):
+        from ..generation.alignment import GNMTSequenceGeneratorWithAlignment
+        from ..generation.gnmt_sequence_generator import GNMTSequenceGenerator
+
+        alignment = getattr(args, "print_alignment", None)
+        extra = dict(extra_gen_cls_kwargs or {})
+        extra.update(length_penalty_form="fairseq", max_len_over_source=-1)
+        if alignment:
+            extra.setdefault("print_alignment", alignment)
+        return build_generator(
+            task, models, args,
+            seq_gen_cls=GNMTSequenceGeneratorWithAlignment if alignment else GNMTSequenceGenerator,
+            extra_gen_cls_kwargs=extra, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
+
+    return build

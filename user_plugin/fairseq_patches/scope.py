@@ -157,3 +157,15 @@ def ensemble(filenames: Any, arg_overrides: Any = None, task: Any = None, *args:
     if state is not None:
         return is_our_checkpoint(state)
     return any(is_our_checkpoint(str(name)) for name in filenames or ())
+
+
+@_reads("the models, under another task than ours")
+def stock_generator_of_our_model(task: Any, models: Any, args: Any, seq_gen_cls: Any = None,
+                                 *rest: Any, **kwargs: Any) -> bool:
+    """A generator that another task (fairseq's ``translation``) builds for one of our models
+    with fairseq's own generator class: our task builds its own, and a stock model keeps
+    fairseq's."""
+    from ..models.vaswani_transformer import VaswaniTransformerModel
+
+    return (seq_gen_cls is None and kwargs.get("seq_gen_cls") is None and not is_our_task(task)
+            and any(isinstance(model, VaswaniTransformerModel) for model in models or ()))
