@@ -223,7 +223,10 @@ def test_prepare_notices_an_edited_raw_file_by_its_content(spaced_chain):
     edited = text.replace("ein", "EIN", 1)  # same size, other content
     assert edited != text and len(edited.encode("utf-8")) == reference.stat().st_size
     reference.write_text(edited, encoding="utf-8")
-    result = run_script(step_script("prepare"), env, "wmt14_en_de")
+    # a trained run was trained on the prepared data: redoing it needs START_OVER=1
+    refused = run_script(step_script("prepare"), env, "wmt14_en_de", check=False)
+    assert refused.returncode == 1 and "START_OVER=1" in refused.stderr
+    result = run_script(step_script("prepare"), {**env, "START_OVER": "1"}, "wmt14_en_de")
     assert f"its input {reference} was redone or changed" in result.stderr
     assert (prepared / "test.ref.de").read_text(encoding="utf-8").removeprefix(BOM) == \
         edited.removeprefix(BOM)

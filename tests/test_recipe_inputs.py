@@ -128,6 +128,11 @@ def test_a_half_finished_training_notices_that_its_data_was_redone(raw_dir, bina
     assert (checkpoints / ".started").is_file() and not (checkpoints / ".done").exists()
 
     other = {**env, "BPE_OPS": "150"}
+    # the data of a run that has checkpoints is redone only when asked (START_OVER=1)
+    refused = run_script(step_script("prepare"), other, "wmt14_en_de", check=False)
+    assert refused.returncode == 1 and "START_OVER=1" in refused.stderr
+    assert num_updates(checkpoints / "checkpoint_last.pt") == 3
+    other["START_OVER"] = "1"
     run_script(step_script("prepare"), other, "wmt14_en_de")
     result = run_script(step_script("train"), other, "wmt14_en_de", check=False)
     assert result.returncode == 1
