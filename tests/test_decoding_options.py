@@ -358,6 +358,8 @@ def baselines(setup) -> dict:
 
 
 COMPARED = [o for o in OPTIONS if o.builtin]
+#: Options whose fairseq 0.12 search fails on a CPU, fixed for our model under every task.
+FIXED_UNDER_EVERY_TASK = {"no-repeat-ngram-size"}
 
 
 @pytest.mark.parametrize("option", COMPARED, ids=[o.name for o in COMPARED])
@@ -366,6 +368,11 @@ def test_option_matches_fairseq_transformer_under_translation(setup, option):
     ours = decode(setup, "translation", ours_paths, option.args, reseed=option.reseed)
     theirs = decode(setup, "translation", builtin_paths, option.args, reseed=option.reseed)
     assert len(ours) == SENTENCES
+    if option.name in FIXED_UNDER_EVERY_TASK:
+        # fairseq 0.12 blocks no n-gram on a CPU; our model gets the fixed search whichever
+        # task decodes it (row our_model_searches), so it blocks where the built-in does not
+        option.check(ours, theirs)
+        return
     assert_same_output(ours, theirs, soft=option.soft,
                        may_differ=SENTENCES // 10 if option.reseed else 0)
 

@@ -212,10 +212,12 @@ class Batcher:
             jobs = self._next_batch()
             if jobs is None:
                 return
+            with self._lock:  # counted before any answer goes out: /health never lags one
+                self._count(jobs)
             started = time.monotonic()
             self._decode(jobs)
             with self._lock:
-                self._count(jobs, time.monotonic() - started)
+                self._measure(jobs, time.monotonic() - started)
                 self._decoding = 0
 
     def _next_batch(self) -> list[Job] | None:
@@ -255,13 +257,17 @@ class Batcher:
                 self._decoding += job.size
             return jobs
 
-    def _count(self, jobs: list[Job], seconds: float) -> None:
+    def _count(self, jobs: list[Job]) -> None:
         stats = self.stats
-        sentences = sum(len(job.request.sentences) for job in jobs)
         stats.batches += 1
         stats.requests += len(jobs)
-        stats.sentences += sentences
+        stats.sentences += sum(len(job.request.sentences) for job in jobs)
         stats.largest_batch = max(stats.largest_batch, len(jobs))
+
+    def _measure(self, jobs: list[Job], seconds: float) -> None:
+        """The decoder's rate (sentences per second, smoothed), from a batch decoded."""
+        stats = self.stats
+        sentences = sum(len(job.request.sentences) for job in jobs)
         if sentences and seconds > 0:
             rate = sentences / seconds
             stats.rate = rate if stats.rate == 0 else 0.8 * stats.rate + 0.2 * rate
