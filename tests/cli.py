@@ -27,6 +27,20 @@ PAPER_OPTIMIZATION_ARGS = [
 ]
 
 
+#: The start of a script run as stock fairseq: any import of ``user_plugin`` raises.
+REFUSE_OUR_PLUGIN = """
+import sys
+
+class RefuseOurPlugin:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "user_plugin":
+            raise ImportError("stock fairseq tried to import " + name)
+        return None
+
+sys.meta_path.insert(0, RefuseOurPlugin())
+"""
+
+
 def fairseq_env() -> Dict[str, str]:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")

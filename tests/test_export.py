@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from cli import REPO, USER_DIR, fairseq_env, hypotheses, run_fairseq
+from cli import REFUSE_OUR_PLUGIN, REPO, USER_DIR, fairseq_env, hypotheses, run_fairseq
 from conftest import (
     SHIPPING_VARIANTS,
     TINY,
@@ -34,17 +34,7 @@ from user_plugin.models.vaswani_transformer import VaswaniTransformerModel
 #: fairseq-generate with nothing of ours importable: any import of ``user_plugin`` raises, and
 #: none may be loaded at the end (torch's safe loading off, as stock fairseq needs it for the
 #: ``argparse.Namespace`` of its own checkpoints).
-STOCK_GENERATE = """
-import sys
-
-class RefuseOurPlugin:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] == "user_plugin":
-            raise ImportError("stock fairseq tried to import " + name)
-        return None
-
-sys.meta_path.insert(0, RefuseOurPlugin())
-from fairseq_cli.generate import cli_main
+STOCK_GENERATE = REFUSE_OUR_PLUGIN + """from fairseq_cli.generate import cli_main
 
 sys.argv = ["fairseq-generate", *sys.argv[1:]]
 cli_main()

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from cli import REPO, USER_DIR, command, fairseq_env
+from cli import REFUSE_OUR_PLUGIN, REPO, USER_DIR, command, fairseq_env
 from conftest import MULTI30K, require_data
 from prepared_model import run_prepare, train_tiny, write_raw
 
@@ -205,16 +205,7 @@ def test_rewriting_a_package_of_the_same_checkpoint_changes_no_byte(trained, tmp
         assert (again / name).read_bytes() == (trained.package / name).read_bytes(), name
 
 
-STOCK_FROM_PRETRAINED = """
-import sys
-
-class RefuseOurPlugin:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] == "user_plugin":
-            raise ImportError("stock fairseq tried to import " + name)
-        return None
-
-sys.meta_path.insert(0, RefuseOurPlugin())
+STOCK_FROM_PRETRAINED = REFUSE_OUR_PLUGIN + """
 from fairseq.models.transformer import TransformerModel
 
 exported, package = sys.argv[1], sys.argv[2]
