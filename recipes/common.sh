@@ -9,6 +9,8 @@ SCRIPTS_DIR="$REPO_DIR/scripts"
 PREPARE_TEXT=vaswani-prepare-text
 PAIRS_DIR="$RECIPES_DIR/pairs"
 STEP_NAME=${STEP_NAME:-recipe}
+export RECIPE_CALLER=${RECIPE_CALLER:-"$(basename "$0") (pid $$, started $(date '+%F %T'))"}
+HELD_STEPS=$'\n'
 
 # log: a timestamped progress line on stderr; die: one error line, exit 1; run: log, then run.
 log() { printf '[%s %s] %s\n' "$(date +%H:%M:%S)" "$STEP_NAME" "$*" >&2; }
@@ -35,9 +37,7 @@ activate_venv() {
 }
 
 # require_int NAME / require_flag NAME: die unless variable NAME is an integer >= 0 / 0, 1, unset.
-require_int() {
-  [[ "${!1-}" =~ ^[0-9]+$ ]] || die "$1 must be a non-negative integer, got '${!1-}'"
-}
+require_int() { [[ "${!1-}" =~ ^[0-9]+$ ]] || die "$1 must be an integer >= 0, got '${!1-}'"; }
 require_flag() { [[ "${!1:-0}" =~ ^[01]$ ]] || die "$1 must be 0 or 1, got '${!1}'"; }
 
 # require_usable_path NAME: die when the path in variable NAME holds a line break (records hold
@@ -51,17 +51,11 @@ require_usable_path() {
 }
 
 # absolute_path PATH: PATH from the current directory, normalised without resolving links.
-absolute_path() {
-  if [[ "$1" == /* ]]; then realpath -m -s -- "$1"; else realpath -m -s -- "$PWD/$1"; fi
-}
+absolute_path() { local p=$1; [[ "$p" == /* ]] || p=$PWD/$p; realpath -m -s -- "$p"; }
 
 # ---- language pairs: recipes/pairs/<pair>.sh sets SRC_LANG, TGT_LANG, SUBWORD (bpe or
 # sentencepiece), BIG_ARCH and what the prepare step downloads (TRAIN_CORPORA, DEV_SET, TEST_SET)
-known_pairs() {
-  local file names=()
-  for file in "$PAIRS_DIR"/*.sh; do names+=("$(basename "$file" .sh)"); done
-  echo "${names[*]}"
-}
+known_pairs() { local n=("$PAIRS_DIR"/*.sh); n=("${n[@]##*/}"); echo "${n[*]%.sh}"; }
 
 # load_pair [PAIR]: the pair PAIR (argument, else variable); unknown: one line naming the known.
 load_pair() {
@@ -196,16 +190,22 @@ ask() {
 
 # step_is_current DIR CONFIG [UPSTREAM...]: the step finished with these settings and inputs, its
 # outputs intact; step_is_done also logs why not; skip_step_if_done ends the script when done.
-step_is_current() { ask status "$@"; }
+# hold_step DIR: no other recipe works in DIR while this one runs (a lock file beside DIR, open
+# until the script ends); another is refused, naming the first.
+step_is_current() { hold_step "$1"; ask status "$@"; }
+hold_step() {
+  local fd; [[ "$HELD_STEPS" != *$'\n'"$1"$'\n'* ]] || return 0
+  ask lock-path "$1" && exec {fd}>>"$ANSWER" || die "cannot lock $1"
+  ask hold "$1" "$fd" "$RECIPE_CALLER" "$STEP_NAME" || die "$ANSWER"
+  HELD_STEPS+="$1"$'\n'
+}
 step_is_done() {
   step_is_current "$@" && return 0
-  [ -z "$ANSWER" ] || log "redoing the step in $1: $ANSWER"
-  return 1
+  [ -z "$ANSWER" ] || log "redoing the step in $1: $ANSWER"; return 1
 }
 skip_step_if_done() {
   if step_is_done "$@"; then log "already done ($1/.done); skipping"; exit 0; fi
 }
-
 
 # require_step DIR NAME [ITS_INPUT...]: die unless step NAME finished in DIR (on these inputs).
 # step_restart DIR: empty DIR (never one a live training holds). step_begin DIR CONFIG
@@ -222,8 +222,7 @@ step_mark_done() { ask done "$@" || die "$ANSWER"; log "done: $1"; }
 # the script.
 begin_training() {
   local line again=()
-  require_flag START_OVER
-  [ "${START_OVER:-0}" = 0 ] || again=(--start-over)
+  require_flag START_OVER; [ "${START_OVER:-0}" = 0 ] || again=(--start-over); hold_step "$1"
   ask begin-training "${again[@]}" "$@" || die "$ANSWER"
   while IFS= read -r line; do log "$line"; done <<< "${ANSWER%$'\n'*}"
   [ "${ANSWER##*$'\n'}" != done ] || exit 0

@@ -39,9 +39,18 @@ def test_resume_continues_from_checkpoint_last(trained_multi30k, tmp_path):
     args = list(trained_multi30k.train_args)
     args[args.index("--max-update") + 1] = "80"
     args[args.index("--save-dir") + 1] = str(save_dir)
+    args[args.index("--dropout") + 1] = "0.2"
+    args[args.index("--lr-scale") + 1] = "0.25"
     proc = run_fairseq("train", args)
     log = proc.stdout + proc.stderr
     assert "Loaded checkpoint" in log and "@ 60 updates)" in log, log[-3000:]
+    # every changed training setting goes on changed, with one line naming both values
+    last = save_dir / "checkpoint_last.pt"
+    changes = sorted(line.split(" | ")[-1] for line in log.splitlines()
+                     if "resuming with" in line)
+    assert changes == [f"resuming with --dropout 0.2 where {last} was trained with 0.1",
+                       f"resuming with --lr-scale 0.25 where {last} was trained with 0.5",
+                       f"resuming with --max-update 80 where {last} was trained with 60"]
     updates = [int(r["num_updates"]) for r in json_log_records(log, "train_inner")]
     assert updates and min(updates) > 60 and max(updates) == 80, updates
     state = torch.load(save_dir / "checkpoint_last.pt", map_location="cpu", weights_only=True)

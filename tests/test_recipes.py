@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -233,6 +236,53 @@ def test_step_markers_skip_done_steps_and_redo_changed_ones(tmp_path):
     assert result.stdout.split("\n")[:-1] == [
         "fresh done", "settings-changed redo", "output-changed redo", "output-restored done",
         "output-deleted redo", "upstream-redone redo"]
+
+
+HOLDER_SCRIPT = r"""
+set -euo pipefail
+source "$COMMON"
+STEP_NAME=prepare
+hold_step "$DIR"; hold_step "$DIR"
+bash -c 'source "$COMMON"; STEP_NAME=inner; hold_step "$DIR"' && echo "the chain holds it again"
+echo held > "$ROOT/held"
+while [ ! -e "$ROOT/release" ]; do sleep 0.05; done
+"""
+
+
+def test_a_second_recipe_in_a_step_directory_is_refused_naming_the_first(tmp_path):
+    """Two recipes started at once into one directory (two ``run_all.sh`` into one new
+    WORK_DIR): the second is refused in one line naming the first and its step; a script of
+    the first one's own chain may hold it again; the lock ends with its holder, even killed."""
+    root = tmp_path / "wörk dir"
+    root.mkdir()
+    env = recipe_env(COMMON=RECIPES / "common.sh", ROOT=root, DIR=root / "prepared")
+    first = subprocess.Popen(["bash", "-c", HOLDER_SCRIPT], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        for _ in range(600):
+            if (root / "held").exists() or first.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert (root / "held").exists(), first.communicate()
+        second = run_with_common('source "$COMMON"; STEP_NAME=binarize; hold_step "$DIR"',
+                                 DIR=root / "prepared")
+        lines = second.stderr.strip().splitlines()
+        assert second.returncode == 1 and len(lines) == 1, second.stderr
+        assert re.fullmatch(
+            rf"binarize: error: {re.escape(str(root / 'prepared'))} is in use by bash \(pid "
+            rf"{first.pid}, started [-0-9: ]+\), at its prepare step: wait for it to end, or "
+            r"work in another WORK_DIR \(RUN_DIR\)", lines[0]), lines[0]
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        out, _ = first.communicate()
+    assert out == "the chain holds it again\n"
+    for _ in range(100):  # its last sleep may hold the inherited descriptor a moment longer
+        third = run_with_common('source "$COMMON"; hold_step "$DIR"', DIR=root / "prepared")
+        if third.returncode == 0:
+            break
+        time.sleep(0.05)
+    assert third.returncode == 0, third.stderr
+    assert sorted(p.name for p in root.iterdir()) == [".prepared.lock", "held"]
 
 
 def test_bad_settings_fail_with_one_line_before_any_work(tmp_path):

@@ -343,6 +343,42 @@ def live_holder(directory: Path) -> str | None:
         os.close(handle)
 
 
+def step_lock_path(directory: Path) -> Path:
+    """The hidden file beside a step's ``directory`` that a recipe working in it holds locked
+    (beside it, since a redone step replaces the directory itself); its parent is created."""
+    directory = Path(os.path.abspath(directory))
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    return directory.parent / f".{directory.name}.lock"
+
+
+def hold(directory: Path, descriptor: int, caller: str, step: str) -> None:
+    """Lock the step's lock file, open in the recipe's shell as ``descriptor`` (inherited):
+    the lock belongs to that open file, so it lasts until the shell and the processes it
+    started have ended, and nothing is left to clean after a kill. The file then names the
+    holder: ``caller`` (the recipe started first in the chain, with its process id and start)
+    and its ``step``. Raise :class:`StepRefused` naming the holder when another recipe holds
+    it; a script of the same chain may hold it again (its steps run one after another)."""
+    path = step_lock_path(directory)
+    try:
+        opened, named = os.fstat(descriptor), os.stat(path)
+    except OSError as error:
+        raise UserError(f"file descriptor {descriptor} is not open on {path} ({error.strerror})") \
+            from None
+    if (opened.st_dev, opened.st_ino) != (named.st_dev, named.st_ino):
+        raise UserError(f"file descriptor {descriptor} is not open on {path}")
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = path.read_text(encoding="utf-8", errors="replace").split("\n")
+        if holder[0] == caller:
+            return
+        named = f"{holder[0]}, at its {holder[1]} step" if len(holder) > 2 else "another recipe"
+        raise StepRefused(f"{directory} is in use by {named}: wait for it to end, or work in "
+                          "another WORK_DIR (RUN_DIR)") from None
+    os.ftruncate(descriptor, 0)
+    os.pwrite(descriptor, f"{caller}\n{step}\n".encode(), 0)
+
+
 def refuse_if_in_use(directory: Path) -> None:
     """Raise :class:`StepRefused` when a live training run holds ``directory``."""
     holder = live_holder(directory)

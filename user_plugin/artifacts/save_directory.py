@@ -3,7 +3,8 @@ adapters (:mod:`user_plugin.fairseq_patches.save_directory`) call: which tempora
 orphans of killed saves, whether a checkpoint is intact (its records' CRC-32s, remembered while
 the file is unchanged), what a checkpoint holds without reading its tensors, whether a resumed
 run would train nothing more, which checkpoint to resume from when the last one is damaged, and
-whether a checkpoint fits the run's architecture, data and dictionaries.
+whether a checkpoint fits the run's architecture, data and dictionaries, and which training
+settings a resume changes.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ..files.checkpoint_names import is_fairseq_temporary, is_resumable
 from .checkpoints import LOAD_ERRORS, checkpoint_file_problem
 from .fingerprint import (
     ARCHITECTURE,
+    NOT_ARCHITECTURE_OPTIONS,
     architecture_mismatch,
     fingerprint_mismatch,
     has_data,
@@ -154,3 +156,58 @@ def vocabulary_sizes_fit(state: dict, task) -> bool:
                 len(dictionary):
             return False
     return True
+
+
+#: The sections of fairseq's configuration whose options a resume may change and announces
+#: (the architecture's options are refused instead, by :func:`architecture_change`), and the
+#: options of the model and dataset sections that act on training only.
+ANNOUNCED_SECTIONS = ("optimization", "optimizer", "lr_scheduler", "criterion")
+ANNOUNCED_OPTIONS = {"dataset": ("max_tokens", "batch_size"),
+                     "model": tuple(sorted(NOT_ARCHITECTURE_OPTIONS))}
+#: Options that name no training setting (the section's registered name is announced as
+#: ``--<section>``).
+_NOT_SETTINGS = frozenset({"_parent", "tpu", "lr_scheduler_name"})
+
+
+def _plain(value):
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    if isinstance(value, (DictConfig, ListConfig)):
+        value = OmegaConf.to_container(value, resolve=True)
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
+
+
+def _shown(value) -> str:
+    if isinstance(value, list):
+        return ",".join(_shown(item) for item in value)
+    return str(value)
+
+
+def settings_changes(state: dict, path: Path, cfg) -> list[str]:
+    """One line per training setting (optimizer, learning-rate schedule, criterion, batch size,
+    dropout...) whose value in the run's configuration ``cfg`` differs from the configuration
+    ``state`` (read from ``path``) was trained with, naming the option and both values: a
+    resumed run goes on with the new value, and says so. Options either side lacks are
+    skipped."""
+    stored_cfg = state.get("cfg")
+    if not isinstance(stored_cfg, dict) or cfg is None:
+        return []
+    wanted = {section: None for section in ANNOUNCED_SECTIONS} | ANNOUNCED_OPTIONS
+    lines = []
+    for section, names in wanted.items():
+        stored, current = stored_cfg.get(section), getattr(cfg, section, None)
+        if not isinstance(stored, dict) or current is None:
+            continue
+        for name in names or sorted(stored):
+            if name in _NOT_SETTINGS or name not in stored or name not in current:
+                continue
+            before, now = _plain(stored[name]), _plain(current[name])
+            if before == now or (names is None and isinstance(now, dict)):
+                continue
+            option = f"--{section.replace('_', '-')}" if name == "_name" else \
+                f"--{name.replace('_', '-')}"
+            lines.append(f"resuming with {option} {_shown(now)} where {path} was trained "
+                         f"with {_shown(before)}")
+    return lines

@@ -47,6 +47,9 @@ the reason on stdout; 1: bad input.
   keep-trained DIR SAVE_DIR START_OVER REASON
                                       may the data step in DIR redo its finished work
                                       (REASON) without deleting SAVE_DIR's checkpoints?
+  lock-path DIR                       the lock file of the step in DIR (its parent is created)
+  hold DIR FD CALLER STEP             lock it, open in the calling shell as descriptor FD, for
+                                      the recipe CALLER at its STEP (no: who holds it)
 """
 
 
@@ -145,6 +148,20 @@ def _keep_trained(words: Sequence[str]) -> int:
     return _answer(steps.redo_problem(Path(words[0]), words[3], Path(words[1]), words[2]))
 
 
+def _lock_path(words: Sequence[str]) -> int:
+    if len(words) != 1:
+        raise UserError(f"usage: {PROG} lock-path DIR")
+    print(steps.step_lock_path(Path(words[0])))
+    return 0
+
+
+def _hold(words: Sequence[str]) -> int:
+    if len(words) != 4 or not words[1].isdigit():
+        raise UserError(f"usage: {PROG} hold DIR FD CALLER STEP")
+    steps.hold(Path(words[0]), int(words[1]), words[2], words[3])
+    return 0
+
+
 def _apart(words: Sequence[str]) -> int:
     directories, kept = _split(words, "apart NAME=DIR... [-- NAME=DIR...]", 1)
     return _answer(steps.overlap_problem(_named(directories), _named(kept)))
@@ -153,7 +170,8 @@ def _apart(words: Sequence[str]) -> int:
 SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "status": _status, "require": _require, "restart": _restart, "begin": _begin,
     "can-continue": _can_continue, "begin-training": _begin_training, "done": _done,
-    "id": _id, "apart": _apart, "keep-trained": _keep_trained,
+    "id": _id, "apart": _apart, "keep-trained": _keep_trained, "lock-path": _lock_path,
+    "hold": _hold,
 }
 
 

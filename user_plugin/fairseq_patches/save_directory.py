@@ -91,6 +91,7 @@ from ..artifacts.save_directory import (
     num_updates,
     read_metadata,
     remove_orphans,
+    settings_changes,
     training_data_mismatch,
     verified_problem,
     vocabulary_sizes_fit,
@@ -218,6 +219,8 @@ def plan_resume(cfg, trainer) -> dict:
     mismatch = training_data_mismatch(state, source, trainer.task)
     if mismatch is not None:
         return {"error": f"cannot resume: {mismatch}; train into another --save-dir"}
+    for line in settings_changes(state, source, trainer.cfg):
+        logger.warning(line)
     return {"restore": None if restore is None else str(restore)}
 
 
