@@ -110,6 +110,37 @@ def multi30k_bin(tmp_path_factory) -> SimpleNamespace:
 
 
 @pytest.fixture(scope="session")
+def packaged_tiny_model(tmp_path_factory) -> SimpleNamespace:
+    """Multi30k lines prepared by the recipes' prepare step (BPE) and a tiny model trained a few
+    updates on them (:mod:`prepared_model`), in a folder whose name holds a space and a
+    non-ASCII letter; the save directory holds one checkpoint with the text pipeline record and
+    BPE codes beside it, and ``package`` is its model package (``vaswani-package``)."""
+    from cli import command, fairseq_env
+    from prepared_model import run_prepare, train_tiny, write_raw
+
+    require_data(MULTI30K)
+    root = tmp_path_factory.mktemp("package ü")
+    splits = {"train": 400, "valid": 40, "test": 40}
+
+    def lines(split: str, lang: str, count: int) -> list[str]:
+        name = f"{'val' if split == 'valid' else 'train'}.{lang}"
+        return (MULTI30K / name).read_text(encoding="utf-8").split("\n")[:count]
+
+    write_raw(root / "raw", {split: {lang: lines(split, lang, count) for lang in ("en", "de")}
+                             for split, count in splits.items()})
+    prep = run_prepare("wmt14_en_de", root / "raw", root / "work", BPE_OPS="300")
+    model = train_tiny(prep, root, "en", "de", updates=4)
+    package = root / "the package"
+    proc = subprocess.run([*command("package"), str(model.checkpoint), "--data-dir",
+                           str(model.data_bin), "--output", str(package)], text=True,
+                          capture_output=True, env=fairseq_env(), timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr
+    model.package = package
+    model.root = root
+    return model
+
+
+@pytest.fixture(scope="session")
 def trained_multi30k(multi30k_bin) -> SimpleNamespace:
     """A tiny ``vaswani_base`` trained by the real ``fairseq-train`` for 60 updates on
     :func:`multi30k_bin`, with a checkpoint every 20 updates. ``train_log`` is its output."""

@@ -61,6 +61,9 @@ def test_scale_and_validation():
         schedule(warmup=0)
     with pytest.raises(ValueError, match="--d-model"):
         schedule(d_model=None)
+    # a given --d-model of 0 is blamed on itself, not on the model's width
+    with pytest.raises(ValueError, match="^--d-model must be at least 1, got 0$"):
+        schedule(d_model=0)
 
 
 @pytest.mark.parametrize("scale", [0.0, -1.0, float("inf"), float("nan")])

@@ -13,8 +13,6 @@ import sys
 
 import pytest
 from cli import REFUSE_OUR_PLUGIN, REPO, USER_DIR, command, fairseq_env
-from conftest import MULTI30K, require_data
-from prepared_model import run_prepare, train_tiny, write_raw
 
 from user_plugin.artifacts.errors import ArtifactError
 from user_plugin.artifacts.package import FORMAT, MANIFEST
@@ -24,10 +22,6 @@ SENTENCES = ["A man in a blue shirt is riding a bike.", "Two dogs play in the sn
              "A well-known woman sings \"loudly\" on a stage."]
 
 
-def read(path, limit):
-    return path.read_text(encoding="utf-8").split("\n")[:limit]
-
-
 def run(module: str, *args, stdin: str = "", **env) -> subprocess.CompletedProcess:
     return subprocess.run([*command(module), *map(str, args)], input=stdin, text=True,
                           capture_output=True, env={**fairseq_env(), **env}, timeout=600,
@@ -35,24 +29,9 @@ def run(module: str, *args, stdin: str = "", **env) -> subprocess.CompletedProce
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """Multi30k lines prepared by the recipes' prepare step (BPE) and a tiny model trained a few
-    updates on them, in a folder whose name holds a space and a non-ASCII letter; the save
-    directory holds one checkpoint with the text pipeline record and BPE codes beside it."""
-    require_data(MULTI30K)
-    root = tmp_path_factory.mktemp("package ü")
-    splits = {"train": 400, "valid": 40, "test": 40}
-    write_raw(root / "raw", {
-        split: {lang: read(MULTI30K / f"{'val' if split == 'valid' else 'train'}.{lang}", count)
-                for lang in ("en", "de")} for split, count in splits.items()})
-    prep = run_prepare("wmt14_en_de", root / "raw", root / "work", BPE_OPS="300")
-    model = train_tiny(prep, root, "en", "de", updates=4)
-    package = root / "the package"
-    proc = run("package", model.checkpoint, "--data-dir", model.data_bin, "--output", package)
-    assert proc.returncode == 0, proc.stderr
-    model.package = package
-    model.root = root
-    return model
+def trained(packaged_tiny_model):
+    """The tiny model of :func:`conftest.packaged_tiny_model` and its package."""
+    return packaged_tiny_model
 
 
 RAW = "\n".join(SENTENCES) + "\n"

@@ -40,10 +40,12 @@ from pathlib import Path
 logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
 
 from user_plugin.files import (  # noqa: E402
+    UserError,
     atomic_write,
     console_script,
     refuse_input_clash,
 )
+from user_plugin.files.errors import int_between  # noqa: E402
 from user_plugin.modules.attention_maps import KINDS, attention_maps  # noqa: E402
 
 
@@ -64,7 +66,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--tokenized", action="store_true",
                         help="sentences are already model tokens (no Moses, no BPE)")
     parser.add_argument("--out-dir", type=Path, required=True)
-    parser.add_argument("--dpi", type=int, default=100)
+    parser.add_argument("--dpi", type=int_between(1, MAX_DPI), default=100,
+                        help=f"the figures' resolution, 1 to {MAX_DPI} (default: 100)")
     args = parser.parse_args(argv)
     if not args.source.strip():
         parser.error("--source is empty")
@@ -88,6 +91,44 @@ def load(args: argparse.Namespace):
     )
 
 
+#: The longest sentence drawn, in model tokens (with EOS): a heatmap row per token stays
+#: readable, and the figure within :data:`MAX_PIXELS` at the default resolution.
+MAX_DRAWN_TOKENS = 200
+#: The largest figure side, in pixels, that matplotlib's PNG writer draws.
+MAX_PIXELS = 2**16 - 1
+MAX_DPI = 1200
+CELL_INCHES = 0.28
+
+
+def figure_inches(heads: int, rows: int, columns: int) -> tuple[float, float]:
+    """The width and height of :func:`draw_heads`' figure for ``heads`` panels of ``rows`` x
+    ``columns`` cells."""
+    across = min(heads, 4)
+    down = math.ceil(heads / across)
+    width = max(3.0, CELL_INCHES * columns + 1.2)
+    height = max(3.0, CELL_INCHES * rows + 1.2)
+    return width * across, height * down
+
+
+def length_problem(option: str, tokens: int) -> str | None:
+    """Why a sentence of ``tokens`` model tokens (with EOS), given by ``option``, is too long
+    to draw, or None."""
+    if tokens <= MAX_DRAWN_TOKENS:
+        return None
+    return (f"{option} has {tokens} model tokens (with EOS); the heatmaps draw sentences of at "
+            f"most {MAX_DRAWN_TOKENS}: give a shorter sentence")
+
+
+def resolution_problem(heads: int, tokens: int, dpi: int) -> str | None:
+    """Why the figure of ``heads`` panels of sentences up to ``tokens`` cannot be drawn at
+    ``dpi`` (wider than a PNG figure may be), naming ``--dpi``, or None."""
+    inches = max(figure_inches(heads, tokens, tokens))
+    if inches * dpi <= MAX_PIXELS:
+        return None
+    return (f"--dpi {dpi} makes a figure {int(inches * dpi)} pixels wide, more than the "
+            f"{MAX_PIXELS} a PNG figure can have: give --dpi {int(MAX_PIXELS // inches)} or less")
+
+
 def draw_heads(weights, row_labels: list[str], column_labels: list[str], title: str, dpi: int):
     """A figure with one heatmap per head of ``weights`` [heads, rows, columns]."""
     import matplotlib
@@ -98,11 +139,8 @@ def draw_heads(weights, row_labels: list[str], column_labels: list[str], title: 
     heads = weights.size(0)
     columns = min(heads, 4)
     rows = math.ceil(heads / columns)
-    cell = 0.28
-    width = max(3.0, cell * len(column_labels) + 1.2)
-    height = max(3.0, cell * len(row_labels) + 1.2)
-    figure, axes = plt.subplots(rows, columns, figsize=(width * columns, height * rows),
-                                squeeze=False)
+    figure, axes = plt.subplots(rows, columns, squeeze=False, figsize=figure_inches(
+        heads, len(row_labels), len(column_labels)))
     for head in range(rows * columns):
         axis = axes[head // columns][head % columns]
         if head >= heads:
@@ -136,11 +174,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
 
     source_line = args.source.strip() if args.tokenized else codec.encode(args.source)
+    source_length = len(source_line.split()) + 1
+    problem = length_problem("--source", source_length)
     if args.target is not None:
         target_line = args.target.strip() if args.tokenized else codec.encode(args.target, True)
-    else:
+        problem = problem or length_problem("--target", len(target_line.split()) + 1)
+    elif problem is None:
         target_line = translator.translate_tokens([source_line])[0][0]["tokens"]
         print(f"decoded target: {target_line}")
+    if problem is not None:
+        raise UserError(problem)
     src_tokens = src_dict.encode_line(source_line, add_if_not_exist=False).long()
     tgt_tokens = tgt_dict.encode_line(target_line, add_if_not_exist=False).long()
 
@@ -149,6 +192,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     source_labels = [src_dict[i] for i in src_tokens.tolist()]
     target_labels = [tgt_dict[i] for i in tgt_tokens.tolist()]
     decoder_inputs = ["<s>"] + target_labels[:-1]
+    heads = max(weights.size(0) for layers in maps.values() for weights in layers)
+    problem = resolution_problem(heads, max(len(src_tokens), len(tgt_tokens)), args.dpi)
+    if problem is not None:
+        raise UserError(problem)
     axes = {
         "encoder_self": (source_labels, source_labels),
         "decoder_self": (target_labels, decoder_inputs),

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import warnings
 from collections.abc import Sequence
 from typing import IO
 
 from ..files.errors import UserError, console_script, file_error
+from ..files.standard_streams import CLOSED_INPUT, input_is_closed, silence_stdout
 from ..files.text import BYTE_ORDER_MARK, decode_lines, split_lines
 from ..generation.decoding_options import option_type
 from ..hub.loader import load_translator
@@ -93,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # stderr carries warnings and errors only: fairseq sets up logging at INFO when imported,
     # and its batch iterator asks for pinned memory, which torch warns about on a CPU
     logging.getLogger().setLevel(logging.WARNING)
+    if input_is_closed():
+        raise UserError(CLOSED_INPUT)
     warnings.filterwarnings("ignore", message=".*'pin_memory' argument is set as true")
     try:
         translator = load_translator(
@@ -104,45 +106,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         lines = read_input_lines(sys.stdin)
         if args.print_tokens:
-            return write_output(translator.model_tokens(lines), 1)
-        constraints = None
-        if args.constraints:
-            fields = [line.split("\t") for line in lines]
-            lines, constraints = [f[0] for f in fields], [f[1:] for f in fields]
-        outputs = translator.translate(
-            lines, nbest=args.nbest, beam=args.beam if not args.sampling else None,
-            constraints=constraints, unordered_constraints=args.constraints == "unordered",
-            sampling=args.sampling, sampling_topk=args.sampling_topk,
-            sampling_topp=args.sampling_topp, temperature=args.temperature, seed=args.seed,
-        )
+            outputs, nbest = translator.model_tokens(lines), 1
+        else:
+            outputs, nbest = translate_lines(translator, lines, args), args.nbest
     except ValueError as exc:  # the translator's refusal of an option or a sentence
         raise UserError(str(exc)) from None
-    return write_output(outputs, args.nbest)
+    return write_output(outputs, nbest)
+
+
+def translate_lines(translator, lines: list[str], args: argparse.Namespace) -> list:
+    """The translations of ``lines`` with the decoding options of ``args``; with
+    ``--constraints``, each line is ``source<TAB>phrase<TAB>...``."""
+    constraints = None
+    if args.constraints:
+        fields = [line.split("\t") for line in lines]
+        lines, constraints = [f[0] for f in fields], [f[1:] for f in fields]
+    return translator.translate(
+        lines, nbest=args.nbest, beam=args.beam if not args.sampling else None,
+        constraints=constraints, unordered_constraints=args.constraints == "unordered",
+        sampling=args.sampling, sampling_topk=args.sampling_topk,
+        sampling_topp=args.sampling_topp, temperature=args.temperature, seed=args.seed,
+    )
 
 
 def write_output(outputs: Sequence, nbest: int) -> int:
     """Write ``outputs`` (one string, or ``nbest`` strings, per input line) to stdout; the exit
-    status. A :class:`UserError` when stdout cannot be written."""
+    status. A :class:`UserError` when stdout cannot be written (a full disk); a reader that
+    went away ends the command quietly (:mod:`~user_plugin.files.standard_streams`)."""
     try:
         for output in outputs:
             for text in [output] if nbest == 1 else output:
                 sys.stdout.write(text + "\n")
         sys.stdout.flush()
-    except OSError as error:  # a full disk, a closed pipe...
-        _silence_stdout()
+    except BrokenPipeError:
+        raise
+    except OSError as error:
+        silence_stdout()
         raise file_error("standard output", error, writing=True) from None
     return 0
-
-
-def _silence_stdout() -> None:
-    """Point standard output at /dev/null, so that the interpreter's final flush of what could
-    not be written raises nothing more."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError, AttributeError):
-        pass
 
 
 cli_main = console_script(main, PROG)

@@ -215,6 +215,14 @@ PATCHES: Tuple[Patch, ...] = (
         OUR_RUNS,
     ),
     Patch(
+        "batch_limits",
+        _one("fairseq.data.data_utils:batch_by_size", one_line_errors.checked_batch_by_size),
+        "a batch limit below 1 (--max-tokens 0, --batch-size 0, and their -valid forms) is one "
+        "line naming it (fairseq alone: IndexError in batch_by_size, or a batch with no "
+        "sentence)",
+        EVERY_RUN,
+    ),
+    Patch(
         ONE_LINE_ERRORS,
         _one("sys:excepthook", one_line_errors.one_line_excepthook),
         "the plugin's UserError reaching fairseq's entry points prints 'prog: error: ...' and "

@@ -22,7 +22,14 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from ..files.errors import UserError, end_by_interrupt, file_error, interrupted_line
+from ..files.errors import (
+    InvalidValue,
+    UserError,
+    end_by_interrupt,
+    file_error,
+    interrupted_line,
+)
+from ..files.standard_streams import encoding_problem, silence_stdout
 
 _MAX_TOKENS = re.compile(r"Sentences lengths should not exceed max_tokens=(\d+)")
 _DICTIONARY = re.compile(r"dict\.(?P<lang>[^./]+)\.txt")
@@ -44,6 +51,18 @@ def _state_dict_reason(error: BaseException | None) -> str:
                 return f"{kind}: {keys[0]}{more}"
             return line[:200]
     return "its parameters differ"
+
+
+def _trained_arch(path: str) -> str | None:
+    """The ``--arch`` the checkpoint ``path`` was trained with, read from its configuration
+    without building anything, or None."""
+    from ..files.training_state import checkpoint_entries
+
+    entries = checkpoint_entries(path) or {}
+    cfg, args = entries.get("cfg"), entries.get("args")
+    model = cfg.get("model") if isinstance(cfg, dict) else None
+    arch = model.get("_name") if isinstance(model, dict) else getattr(args, "arch", None)
+    return arch if isinstance(arch, str) else None
 
 
 def _languages(directory: Path) -> str:
@@ -77,11 +96,31 @@ def one_line_cause(error: BaseException) -> str | None:
     match = _ARCHITECTURE.search(message)
     if match:
         cause = error.__cause__ or error.__context__
-        return (f"{match.group('path')}: its parameters do not fit the model built from the "
-                f"options given ({_state_dict_reason(cause)}): give the architecture options "
-                "it was trained with (such as --encoder-normalize-before), or use another "
-                "--save-dir to train a new model")
+        arch = _trained_arch(match.group("path"))
+        trained = f"was trained with --arch {arch}; " if arch else ""
+        give = f"--arch {arch} and " if arch else ""
+        return (f"{match.group('path')}: {trained}its parameters do not fit the model built "
+                f"from the options given ({_state_dict_reason(cause)}): give {give}the "
+                "architecture options it was trained with (such as --encoder-normalize-before), "
+                "or use another --save-dir to train a new model")
     return None
+
+
+def checked_batch_by_size(batch_by_size: Callable) -> Callable:
+    """fairseq's ``data_utils.batch_by_size``, refusing a limit below 1 (``max_tokens`` or
+    ``max_sentences``; None is no limit) with an :class:`~user_plugin.files.errors.InvalidValue`
+    naming the option: fairseq's own batching fails on one with an ``IndexError``."""
+
+    def batch(indices, num_tokens_fn, num_tokens_vec=None, max_tokens=None, max_sentences=None,
+              *args, **kwargs):
+        for value, option in ((max_tokens, "--max-tokens"), (max_sentences, "--batch-size")):
+            if value is not None and value < 1:
+                raise InvalidValue(f"{option} (or {option}-valid) must be at least 1, or unset "
+                                   f"for no limit; got {value}")
+        return batch_by_size(indices, num_tokens_fn, num_tokens_vec, max_tokens, max_sentences,
+                             *args, **kwargs)
+
+    return batch
 
 
 def one_line_excepthook(previous: Callable) -> Callable:
@@ -90,7 +129,9 @@ def one_line_excepthook(previous: Callable) -> Callable:
     errors fairseq raises on bad input that :func:`one_line_cause`
     recognises; an interrupt (Ctrl-C) is one line saying what was left
     (:func:`~user_plugin.files.errors.interrupted_line`: a training run's last checkpoint and
-    how to resume); other exceptions go to ``previous``, with their traceback. The plugin
+    how to resume); standard output's reader gone is a quiet end, and its encoding unable to
+    hold the text one line (:mod:`~user_plugin.files.standard_streams`); other exceptions go to
+    ``previous``, with their traceback. The plugin
     installs it (:mod:`user_plugin.fairseq_patches`) in every command that loads it
     (fairseq's ``fairseq-train``, ``fairseq-generate``...)."""
 
@@ -101,7 +142,13 @@ def one_line_excepthook(previous: Callable) -> Callable:
             print(f"{prog}: {interrupted_line(foreign)}", file=sys.stderr, flush=True)
             end_by_interrupt()  # killed by SIGINT: status 130 in the shell
             return
+        if isinstance(error, BrokenPipeError):  # the reader of standard output went away
+            silence_stdout()
+            return
         line = str(error) if isinstance(error, UserError) else one_line_cause(error)
+        if isinstance(error, UnicodeEncodeError):
+            line = encoding_problem(error)
+            silence_stdout()
         if line is not None:
             print(f"{prog}: error: {line}", file=sys.stderr, flush=True)
         else:

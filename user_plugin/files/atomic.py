@@ -129,6 +129,18 @@ def special_file_problem(output: str | os.PathLike) -> str | None:
     return None
 
 
+def parent_problem(output: str | os.PathLike) -> str | None:
+    """Why no file can be made at ``output``: the nearest of its parents that exists is not a
+    directory (an output path under a regular file), or None."""
+    parent = Path(os.path.abspath(output)).parent
+    while not os.path.lexists(parent) and parent != parent.parent:
+        parent = parent.parent
+    if os.path.isdir(parent):
+        return None
+    return (f"{output}: cannot be written: {parent} is not a directory (nothing was "
+            "written)")
+
+
 def refuse_input_clash(output: str | os.PathLike, inputs: Sequence[str | os.PathLike] = (),
                        training_save: bool = False) -> None:
     """Raise a one-line :class:`UserError` when writing ``output`` (a file, or a directory
@@ -144,13 +156,14 @@ def refuse_input_clash(output: str | os.PathLike, inputs: Sequence[str | os.Path
     * it is a training checkpoint, or a checkpoint name of a training run's save directory
       (:func:`~user_plugin.files.training_state.training_checkpoint_problem`), unless
       ``training_save`` (a training run writing its own checkpoints);
-    * it is a device, a named pipe or a socket (:func:`special_file_problem`).
+    * it is a device, a named pipe or a socket (:func:`special_file_problem`);
+    * it lies under a path that is not a directory (:func:`parent_problem`).
 
     Called by every atomic write given its inputs, before anything is written, and by commands
     before their work starts (also for outputs that are directories)."""
     if not os.fspath(output).strip() or Path(output).name in ("", ".", ".."):
         raise UserError(f"{os.fspath(output)!r}: not a file name to write to")
-    problem = special_file_problem(output)
+    problem = special_file_problem(output) or parent_problem(output)
     if problem is not None:
         raise UserError(problem)
     for source in inputs:

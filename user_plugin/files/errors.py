@@ -15,6 +15,8 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 
+from .standard_streams import BROKEN_PIPE_STATUS, encoding_problem, silence_stdout
+
 
 class UserError(Exception):
     """A problem with the user's input or files, reported as one line without a traceback."""
@@ -104,11 +106,22 @@ def end_by_interrupt() -> None:
 def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None,
              prog: str) -> int:
     """Call ``main(argv)``; turn a :class:`UserError` into ``prog: error: ...`` and status 1,
-    and an interrupt (Ctrl-C) into ``prog: interrupted: WHAT WAS LEFT`` and status 130."""
+    an interrupt (Ctrl-C) into ``prog: interrupted: WHAT WAS LEFT`` and status 130, and the
+    standard streams' problems (:mod:`.standard_streams`) into their line or quiet end."""
     try:
         return main(argv)
     except UserError as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # the reader of standard output went away: a quiet end
+        silence_stdout()
+        return BROKEN_PIPE_STATUS
+    except UnicodeEncodeError as error:
+        line = encoding_problem(error)
+        if line is None:
+            raise
+        silence_stdout()
+        print(f"{prog}: error: {line}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"{prog}: {interrupted_line()}", file=sys.stderr, flush=True)

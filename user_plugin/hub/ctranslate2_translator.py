@@ -59,7 +59,7 @@ from ..artifacts.ctranslate2_layout import (
 from ..artifacts.errors import ArtifactError
 from ..artifacts.model_files import model_text_pipeline
 from ..artifacts.text_pipeline import RECORD_NAME, TextPipeline
-from ..files.errors import first_line
+from ..files.errors import InvalidValue, first_line
 from ..generation.decoding_options import (
     DecodingOptionError,
     check_values,
@@ -129,7 +129,7 @@ class CTranslate2Translator(TextTranslator):
         check_values(beam=beam, lenpen=lenpen, batch_size=batch_size,
                      max_len_over_source=max_len_over_source)
         if max_len_over_source < 0:
-            raise ValueError("the ctranslate2 backend needs a per-sentence limit: "
+            raise InvalidValue("the ctranslate2 backend needs a per-sentence limit: "
                              f"max_len_over_source >= 0, got {max_len_over_source}")
         self.translator = translator
         self.codec = codec
@@ -172,7 +172,7 @@ class CTranslate2Translator(TextTranslator):
         if constraints is not None:
             asked.insert(0, "constraints")
         if asked:
-            raise ValueError(
+            raise InvalidValue(
                 f"the ctranslate2 backend decodes by beam search only; {', '.join(asked)} "
                 "need the fairseq backend (the checkpoint, not the export)"
             )
@@ -190,7 +190,7 @@ class CTranslate2Translator(TextTranslator):
         sources = [line.split() for line in lines]
         for number, source in enumerate(sources, start=1):
             if len(source) + 1 > self.max_source_tokens:
-                raise ValueError(
+                raise InvalidValue(
                     f"sentence {number} has {len(source) + 1} tokens (with EOS), more than the "
                     f"model's {self.max_source_tokens} source positions: split or shorten it"
                 )

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ..artifacts.text_pipeline import TextPipeline
+from ..files.errors import InvalidValue
 from ..generation.alignment import set_alignment_output
 from ..generation.decoding_options import check_value, check_values
 from ..paper import BEAM, LENPEN
@@ -116,7 +117,7 @@ class TextTranslator:
         if constraints is not None:
             for number, (line, phrases) in enumerate(zip(encoded, constraints), start=1):
                 if not line.strip() and any(phrase.strip() for phrase in phrases):
-                    raise ValueError(
+                    raise InvalidValue(
                         f"sentence {number} is empty but has the constraints {list(phrases)!r}: "
                         "nothing to translate; give the sentence the constraints are for")
             kept_constraints = [[self.codec.encode(phrase, target=True) for phrase in
@@ -146,12 +147,12 @@ def checked_constraints(constraints: Any, single: bool, count: int) -> list[list
 
     if single:
         if not phrases(constraints):
-            raise ValueError(f"constraints= needs {expected}, got {type(constraints).__name__} "
+            raise InvalidValue(f"constraints= needs {expected}, got {type(constraints).__name__} "
                              f"{constraints!r:.60}")
         return [list(constraints)]
     if (not isinstance(constraints, (list, tuple)) or len(constraints) != count
             or not all(phrases(item) for item in constraints)):
-        raise ValueError(f"constraints= needs {expected}, got {constraints!r:.80}")
+        raise InvalidValue(f"constraints= needs {expected}, got {constraints!r:.80}")
     return [list(item) for item in constraints]
 
 
@@ -257,7 +258,7 @@ class Translator(TextTranslator):
         longest = max_source_tokens(self.max_positions)
         for number, sentence in enumerate(tokens, start=1):
             if longest is not None and sentence.numel() > longest:
-                raise ValueError(
+                raise InvalidValue(
                     f"sentence {number} has {sentence.numel()} tokens (with EOS), more than the "
                     f"model's {longest} source positions: split or shorten it"
                 )
@@ -290,7 +291,7 @@ class Translator(TextTranslator):
         from fairseq.token_generation_constraints import pack_constraints
 
         if isinstance(constraints, str) or len(constraints) != lines:
-            raise ValueError(
+            raise InvalidValue(
                 f"constraints= needs one list of phrases per sentence ({lines}), "
                 f"got {constraints!r}"
             )

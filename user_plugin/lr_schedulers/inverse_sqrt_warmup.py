@@ -94,6 +94,8 @@ class InverseSqrtWarmupSchedule(FairseqLRScheduler):
             raise InvalidValue(f"--warmup-updates must be at least 1, got {cfg.warmup_updates}")
         if not 0 < cfg.lr_scale < math.inf:
             raise InvalidValue(f"--lr-scale must be a positive finite number, got {cfg.lr_scale}")
+        if cfg.d_model is not None and cfg.d_model < 1:
+            raise InvalidValue(f"--d-model must be at least 1, got {cfg.d_model}")
         d_model = cfg.d_model if cfg.d_model is not None else model_dimension(cfg)
         if d_model is None or d_model < 1:
             raise InvalidValue(
