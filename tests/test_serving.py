@@ -261,7 +261,7 @@ def in_process_server(model, **limits):
     import uvicorn
 
     from user_plugin.serving.app import Service, create_app
-    from user_plugin.serving.request_body import DecodingOptions
+    from user_plugin.serving.served_model import DecodingOptions
     from user_plugin.serving.server import bind
 
     sock = bind("127.0.0.1", 0)
@@ -348,25 +348,54 @@ def test_a_client_that_disconnects_frees_its_slot(loaded_model):
         assert again.status == 200
 
 
-def test_a_sentence_the_hub_refuses_fails_only_its_own_request(loaded_model):
+def test_a_batch_stays_one_decode_whatever_lenpens_and_an_over_long_sentence(loaded_model):
+    """Requests asking for many ``lenpen`` values, one holding a sentence longer than the
+    model's positions: before, the over-long one sent the batch to one decode per request, and
+    each lenpen was a decode of its own and a generator kept for ever. Now the over-long request
+    alone is refused, the rest is one decode, each sentence with its own alpha (the same
+    translations as decoded alone), and no generator is added per alpha."""
+    from user_plugin.serving.served_model import DecodingOptions
+
     too_long = " ".join(["dog"] * 1100)
-    bodies = [{"text": ["A dog runs.", too_long]}, {"text": ["A cat sleeps."]},
-              {"text": ["Two men talk.", "A girl sings."]}]
+    texts = [["A dog runs.", "A man sits."], ["A cat sleeps."], ["Two men talk."],
+             ["A girl sings.", "A boy runs."], ["Three dogs play."], ["A woman reads."]]
+    bodies = [{"text": text, "lenpen": 0.1 + 0.37 * i} for i, text in enumerate(texts)]
+    bodies.insert(2, {"text": ["A dog runs.", too_long], "lenpen": 1.5})
+    kept = loaded_model.translator.generators_kept
     with in_process_server(loaded_model, batch_wait=2.0) as (address, service):
-        answers: list = [None] * 3
+        answers: list = [None] * len(bodies)
         threads = [threading.Thread(target=lambda i=i: answers.__setitem__(
-            i, request(address, "POST", "/translate", bodies[i]))) for i in range(3)]
+            i, request(address, "POST", "/translate", bodies[i]))) for i in range(len(bodies))]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(timeout=300)
-        assert answers[0].status == 422
-        assert answers[0].json["error"].startswith("sentence 2 has 1101 tokens")
-        for answer, body in zip(answers[1:], bodies[1:]):
+        assert answers[2].status == 422
+        assert answers[2].json["error"].startswith("sentence 2 has 1101 tokens")
+        stats = service.batcher.stats
+        assert (stats.batches, stats.decodes, stats.largest_batch) == (1, 1, len(bodies))
+    assert loaded_model.translator.generators_kept <= max(kept, 1)
+    for answer, body in zip(answers, bodies):
+        if body["text"][-1] != too_long:
             assert answer.status == 200
-            assert answer.json["translations"] == loaded_model.translate(body["text"],
-                                                                         service.defaults)
-        assert service.batcher.stats.largest_batch == 3  # they were one batch
+            assert answer.json["translations"] == loaded_model.translate(
+                body["text"], DecodingOptions(lenpen=body["lenpen"]))
+    assert loaded_model.translator.generators_kept <= max(kept, 1)
+
+
+def test_per_sentence_alphas_score_as_each_alone(loaded_model):
+    """One hub call with an alpha per sentence gives each sentence the hypotheses and scores of
+    a call with its alpha alone (the GNMT penalty divides each finished hypothesis)."""
+    translator = loaded_model.translator
+    lines = translator.model_tokens(["A dog runs on the grass.", "Two men talk.", "A cat."])
+    alphas = [0.0, 2.0, 0.6]
+    together = translator.translate_tokens(lines, nbest=2, lenpen=alphas)
+    for line, alpha, got in zip(lines, alphas, together):
+        alone = translator.translate_tokens([line], nbest=2, lenpen=alpha)[0]
+        assert [h["tokens"] for h in got] == [h["tokens"] for h in alone]
+        assert [h["score"] for h in got] == pytest.approx([h["score"] for h in alone], abs=1e-5)
+    assert together[0][0]["score"] != pytest.approx(
+        translator.translate_tokens(lines[:1], lenpen=2.0)[0][0]["score"])
 
 
 # -- shutdown -----------------------------------------------------------------------------------

@@ -110,8 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     warnings.filterwarnings("ignore", message=".*'pin_memory' argument is set as true")
     from user_plugin.serving.app import Service, create_app
-    from user_plugin.serving.request_body import DecodingOptions
-    from user_plugin.serving.served_model import ModelSettings, ServedModel
+    from user_plugin.serving.served_model import DecodingOptions, ModelSettings, ServedModel
     from user_plugin.serving.server import bind, run, say, url_of
 
     limits = Limits(max_body_bytes=args.max_body_bytes, max_sentences=args.max_sentences,

@@ -40,6 +40,7 @@ reordering of the encoder output and forces EOS on rows that reached their limit
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Sequence
@@ -312,11 +313,36 @@ class GNMTSequenceGenerator(SequenceGenerator):
         exhausted = getattr(self.search, "exhausted", None)
         return exhausted is not None and bool(exhausted[unfin_idx])
 
-    def length_penalty(self, length: int) -> float:
-        """The divisor of ``log P(Y|X)`` for a finished hypothesis of ``length`` tokens (+EOS)."""
+    #: Per sentence of the batch being decoded (in the batch's order), its own alpha; None:
+    #: ``len_penalty`` for every sentence. Set around one ``generate`` call
+    #: (:meth:`sentence_alphas`), so that requests asking for different penalties decode in
+    #: one batch: the penalty only divides finished hypotheses' scores, so each sentence's
+    #: result is that of a batch decoded with its alpha alone.
+    sentence_len_penalties: Sequence[float] | None = None
+
+    @contextlib.contextmanager
+    def sentence_alphas(self, alphas: Sequence[float]):
+        """Decode the next batch with alpha ``alphas[i]`` for its sentence ``i`` (the GNMT form
+        only: fairseq's form is applied inside fairseq's code, with one alpha)."""
+        if not self.gnmt_normalize and len(set(alphas)) > 1:
+            raise ValueError("one length penalty per batch with --length-penalty fairseq")
+        self.sentence_len_penalties = list(alphas)
+        try:
+            yield self
+        finally:
+            self.sentence_len_penalties = None
+
+    def alpha(self, sent: int) -> float:
+        """The alpha of sentence ``sent`` of the batch being decoded."""
+        alphas = self.sentence_len_penalties
+        return self.len_penalty if alphas is None else alphas[sent]
+
+    def length_penalty(self, length: int, sent: int = 0) -> float:
+        """The divisor of ``log P(Y|X)`` for a finished hypothesis of ``length`` tokens (+EOS)
+        of sentence ``sent``."""
         if self.length_penalty_form == "gnmt":
-            return gnmt_length_penalty(length, self.len_penalty)
-        return fairseq_length_penalty(length, self.len_penalty)
+            return gnmt_length_penalty(length, self.alpha(sent))
+        return fairseq_length_penalty(length, self.alpha(sent))
 
     def finalize_hypos(
         self,
@@ -355,8 +381,8 @@ class GNMTSequenceGenerator(SequenceGenerator):
         """Divide the scores of the hypotheses finalized at ``step`` (those past ``before``)
         by the GNMT penalty of their length, ``step + 1`` with EOS."""
         if self.gnmt_normalize:
-            divisor = gnmt_length_penalty(step + 1, self.len_penalty)
             for sent, count in enumerate(before):
+                divisor = gnmt_length_penalty(step + 1, self.alpha(sent))
                 for hypo in finalized[sent][count:]:
                     hypo["score"] = hypo["score"] / divisor
 
@@ -397,7 +423,8 @@ class GNMTSequenceGenerator(SequenceGenerator):
                 best_alive = float(rows[unfin_idx, :, step - 1].max()) if step > 0 else 0.0
                 divisor = 1.0
                 if self.gnmt_normalize or self.normalize_scores:
-                    divisor = max(self.length_penalty(step + 1), self.length_penalty(limit + 1))
+                    divisor = max(self.length_penalty(step + 1, sent),
+                                  self.length_penalty(limit + 1, sent))
                 done = best_alive / divisor <= float(finalized[sent][-1]["score"])
             if done:
                 finished[sent] = True

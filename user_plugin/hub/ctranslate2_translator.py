@@ -70,7 +70,7 @@ from ..generation.gnmt_sequence_generator import (
     penalty_function,
 )
 from ..paper import BEAM, LENPEN, MAX_LEN_OVER_SOURCE
-from .translator import TextTranslator
+from .translator import TextTranslator, sentence_lenpens, too_long
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +142,9 @@ class CTranslate2Translator(TextTranslator):
         self.max_source_tokens = int(manifest["max_source_positions"])
         self.max_target_tokens = int(manifest["max_target_positions"])
 
+    def source_limit(self) -> int | None:
+        return self.max_source_tokens
+
     def source_symbols(self) -> set[str]:
         directory = Path(self.manifest["directory"])
         for name in ("shared_vocabulary.json", "source_vocabulary.json"):
@@ -159,8 +162,8 @@ class CTranslate2Translator(TextTranslator):
 
     def translate_tokens(
         self, lines: Sequence[str], nbest: int = 1, beam: int | None = None,
-        lenpen: float | None = None, constraints: Sequence[Sequence[str]] | None = None,
-        **decoding: Any,
+        lenpen: float | Sequence[float] | None = None,
+        constraints: Sequence[Sequence[str]] | None = None, **decoding: Any,
     ) -> list[list[dict]]:
         """Decode already encoded source lines (model tokens, space separated): per line,
         ``nbest`` dicts best first (see :func:`rerank`). This backend is the paper's beam
@@ -177,29 +180,30 @@ class CTranslate2Translator(TextTranslator):
                 "need the fairseq backend (the checkpoint, not the export)"
             )
         beam = self.beam if beam is None else beam
-        alpha = self.lenpen if lenpen is None else lenpen
-        check_values(beam=beam, nbest=nbest, lenpen=alpha)
+        alphas = sentence_lenpens(lenpen, len(lines)) or \
+            [self.lenpen if lenpen is None else lenpen] * len(lines)
+        check_values(beam=beam, nbest=nbest)
         if nbest > beam:
             raise DecodingOptionError(f"--nbest: must be between 1 and --beam {beam} (the "
                                       f"hypotheses a search keeps), got {nbest}")
-        # CTranslate2 divides by |Y| ** alpha itself, whichever form re-ranks afterwards
-        problem = penalty_overflow_problem(alpha, self.max_target_tokens,
-                                           ("fairseq", self.length_penalty_form))
-        if problem is not None:
-            raise DecodingOptionError(problem)
+        for alpha in set(alphas):
+            check_values(lenpen=alpha)
+            # CTranslate2 divides by |Y| ** alpha itself, whichever form re-ranks afterwards
+            problem = penalty_overflow_problem(alpha, self.max_target_tokens,
+                                               ("fairseq", self.length_penalty_form))
+            if problem is not None:
+                raise DecodingOptionError(problem)
         sources = [line.split() for line in lines]
         for number, source in enumerate(sources, start=1):
             if len(source) + 1 > self.max_source_tokens:
-                raise InvalidValue(
-                    f"sentence {number} has {len(source) + 1} tokens (with EOS), more than the "
-                    f"model's {self.max_source_tokens} source positions: split or shorten it"
-                )
-        engine_lp = alpha if alpha != 0 else NO_PENALTY
-        by_length: dict[int, list[int]] = defaultdict(list)
+                raise InvalidValue(too_long(number, len(source) + 1, self.max_source_tokens))
+        # CTranslate2 takes one penalty per call: sentences are grouped by length and alpha
+        by_length: dict[tuple[int, float], list[int]] = defaultdict(list)
         for index, source in enumerate(sources):
-            by_length[len(source)].append(index)
+            by_length[len(source), alphas[index]].append(index)
         results: list[list[dict]] = [[] for _ in sources]
-        for length, indices in sorted(by_length.items()):
+        for (length, alpha), indices in sorted(by_length.items()):
+            engine_lp = alpha if alpha != 0 else NO_PENALTY
             for start in range(0, len(indices), self.batch_size):
                 chunk = indices[start: start + self.batch_size]
                 hypotheses = self._decode([sources[i] for i in chunk], length, beam, engine_lp)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from argparse import Namespace
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -22,6 +22,10 @@ from ..files.errors import InvalidValue
 from ..generation.alignment import set_alignment_output
 from ..generation.decoding_options import check_value, check_values
 from ..paper import BEAM, LENPEN
+
+#: The most sequence generators a translator keeps (one per way of decoding, see
+#: :meth:`Translator.generator`).
+KEPT_GENERATORS = 16
 
 
 def max_source_tokens(max_positions) -> int | None:
@@ -68,6 +72,22 @@ class TextTranslator:
         """The model's source vocabulary (a token outside it is fed as ``<unk>``)."""
         raise NotImplementedError
 
+    def source_limit(self) -> int | None:
+        """The most source tokens (EOS included) the model takes, or None."""
+        raise NotImplementedError
+
+    def length_problem(self, sentences: Sequence[str]) -> str | None:
+        """Why the model cannot take one of the raw ``sentences`` (longer than its source
+        positions once through the text pipeline), or None; nothing is decoded."""
+        limit = self.source_limit()
+        if limit is None:
+            return None
+        for number, line in enumerate(sentences, start=1):
+            tokens = len(self.codec.encode(line).split()) + 1
+            if tokens > limit:
+                return too_long(number, tokens, limit)
+        return None
+
     def model_tokens(self, sentences: Sequence[str]) -> list[str]:
         """Per raw sentence, the tokens the model is fed (space separated, without EOS):
         the text pipeline's tokens, those outside the source vocabulary as ``<unk>``."""
@@ -77,7 +97,8 @@ class TextTranslator:
 
     def translate_tokens(
         self, lines: Sequence[str], nbest: int = 1, beam: int | None = None,
-        lenpen: float | None = None, constraints: Sequence[Sequence[str]] | None = None,
+        lenpen: float | Sequence[float] | None = None,
+        constraints: Sequence[Sequence[str]] | None = None,
         **decoding: Any,
     ) -> list[list[dict]]:
         """Per encoded line, ``nbest`` dicts best first with the ``tokens`` string; the
@@ -89,7 +110,7 @@ class TextTranslator:
         sentences: str | Sequence[str],
         nbest: int = 1,
         beam: int | None = None,
-        lenpen: float | None = None,
+        lenpen: float | Sequence[float] | None = None,
         constraints: Sequence[str] | Sequence[Sequence[str]] | None = None,
         **decoding: Any,
     ):
@@ -122,6 +143,9 @@ class TextTranslator:
                         "nothing to translate; give the sentence the constraints are for")
             kept_constraints = [[self.codec.encode(phrase, target=True) for phrase in
                                  constraints[i]] for i in kept]
+        alphas = sentence_lenpens(lenpen, len(lines))
+        if alphas is not None:
+            lenpen = [alphas[i] for i in kept]
         hypos = self.translate_tokens(
             [encoded[i] for i in kept], nbest=nbest, beam=beam, lenpen=lenpen,
             constraints=kept_constraints, **decoding,
@@ -132,6 +156,42 @@ class TextTranslator:
         if nbest == 1:
             outputs = [per_line[0] for per_line in outputs]
         return outputs[0] if single else outputs
+
+
+def too_long(number: int, tokens: int, limit: int) -> str:
+    """The line refusing sentence ``number`` of ``tokens`` model tokens (with EOS) where the
+    model takes ``limit``."""
+    return (f"sentence {number} has {tokens} tokens (with EOS), more than the model's {limit} "
+            "source positions: split or shorten it")
+
+
+def sentence_lenpens(lenpen: Any, count: int) -> list[float] | None:
+    """``lenpen`` given as one alpha per line (each checked), or None when it is one alpha (or
+    None); an :class:`InvalidValue` when the count is not ``count``."""
+    if lenpen is None or isinstance(lenpen, (int, float)):
+        return None
+    alphas = list(lenpen)
+    if len(alphas) != count:
+        raise InvalidValue(f"lenpen= needs one alpha, or one per sentence ({count}), got "
+                           f"{len(alphas)}")
+    for alpha in alphas:
+        check_value("lenpen", alpha)
+    return [float(alpha) for alpha in alphas]
+
+
+def per_sentence_alphas(generator, alphas: list[float] | None, ids: list[int]):
+    """A context in which ``generator`` decodes the batch of lines ``ids`` with each line's
+    alpha: the GNMT generator takes one per sentence; another generator (fairseq's own, under
+    another task) only one alpha for all, so lines asking for different ones are refused."""
+    if alphas is None:
+        return contextlib.nullcontext()
+    batch = [alphas[i] for i in ids]
+    if hasattr(generator, "sentence_alphas"):
+        return generator.sentence_alphas(batch)
+    if len(set(batch)) > 1:
+        raise InvalidValue("this model's search takes one lenpen for all the sentences")
+    generator.len_penalty = batch[0]
+    return contextlib.nullcontext()
 
 
 def checked_constraints(constraints: Any, single: bool, count: int) -> list[list[str]]:
@@ -190,6 +250,14 @@ class Translator(TextTranslator):
         )
         self._generators: dict = {}
 
+    def source_limit(self) -> int | None:
+        return max_source_tokens(self.max_positions)
+
+    @property
+    def generators_kept(self) -> int:
+        """How many sequence generators are kept (:meth:`generator`)."""
+        return len(self._generators)
+
     def source_symbols(self) -> set[str]:
         dictionary = self.task.source_dictionary
         return {symbol for symbol in dictionary.symbols
@@ -200,20 +268,28 @@ class Translator(TextTranslator):
         return next(self.models[0].parameters()).device
 
     def generator(self, settings: DecodingSettings, nbest: int = 1):
-        """The task's sequence generator for ``settings`` (built once, then kept)."""
-        key = (settings, nbest)
-        if key not in self._generators:
-            self._generators[key] = self.task.build_generator(
-                self.models, settings.generation_args(nbest)
-            )
-        return self._generators[key]
+        """The task's sequence generator for ``settings`` (built once, then kept), with
+        ``settings.lenpen`` as its alpha. The penalty is not part of what is kept: it is an
+        attribute the search reads when hypotheses finish, set for each call, so that callers
+        choosing their own alphas (a server's clients) neither grow the kept generators nor
+        split a batch. At most :data:`KEPT_GENERATORS` are kept, the least recently used
+        dropped first."""
+        key = (replace(settings, lenpen=LENPEN), nbest)
+        generator = self._generators.pop(key, None)
+        if generator is None:
+            generator = self.task.build_generator(self.models, settings.generation_args(nbest))
+        self._generators[key] = generator
+        while len(self._generators) > KEPT_GENERATORS:
+            self._generators.pop(next(iter(self._generators)))
+        generator.len_penalty = settings.lenpen
+        return generator
 
     def translate_tokens(
         self,
         lines: Sequence[str],
         nbest: int = 1,
         beam: int | None = None,
-        lenpen: float | None = None,
+        lenpen: float | Sequence[float] | None = None,
         constraints: Sequence[Sequence[str]] | None = None,
         unordered_constraints: bool = False,
         sampling: bool = False,
@@ -235,15 +311,18 @@ class Translator(TextTranslator):
         samples per line (``beam`` of them when given), from the top ``sampling_topk``
         tokens or the nucleus of mass ``sampling_topp`` of the distribution sharpened or
         flattened by ``temperature``. ``seed`` makes a call repeatable (torch's random state
-        is restored afterwards). The beam and penalty default to the translator's.
+        is restored afterwards). The beam and penalty default to the translator's; ``lenpen``
+        may also give one alpha per line (decoded in the same batches).
         """
         from fairseq import utils
 
         check_value("seed", seed)
         if beam is None:
             beam = nbest if sampling else self.beam
+        alphas = sentence_lenpens(lenpen, len(lines))
         settings = DecodingSettings(
-            beam=beam, lenpen=self.lenpen if lenpen is None else lenpen, sampling=sampling,
+            beam=beam, lenpen=self.lenpen if lenpen is None or alphas else lenpen,
+            sampling=sampling,
             sampling_topk=sampling_topk, sampling_topp=sampling_topp, temperature=temperature,
             constraints=None if constraints is None
             else ("unordered" if unordered_constraints else "ordered"),
@@ -258,10 +337,7 @@ class Translator(TextTranslator):
         longest = max_source_tokens(self.max_positions)
         for number, sentence in enumerate(tokens, start=1):
             if longest is not None and sentence.numel() > longest:
-                raise InvalidValue(
-                    f"sentence {number} has {sentence.numel()} tokens (with EOS), more than the "
-                    f"model's {longest} source positions: split or shorten it"
-                )
+                raise InvalidValue(too_long(number, sentence.numel(), longest))
         packed = None if constraints is None else self.pack_constraints(constraints, len(lines))
         dataset = self.task.build_dataset_for_inference(
             tokens, torch.LongTensor([t.numel() for t in tokens]), constraints=packed
@@ -276,9 +352,10 @@ class Translator(TextTranslator):
         with torch.no_grad(), seeded:
             for batch in batches:
                 batch = utils.apply_to_sample(lambda t: t.to(self.device), batch)
-                hypos = self.task.inference_step(
-                    generator, self.models, batch, constraints=batch.get("constraints")
-                )
+                with per_sentence_alphas(generator, alphas, batch["id"].tolist()):
+                    hypos = self.task.inference_step(
+                        generator, self.models, batch, constraints=batch.get("constraints")
+                    )
                 for sample_id, sentence_hypos in zip(batch["id"].tolist(), hypos):
                     results[sample_id] = [
                         self.hypothesis(hypo, alignment) for hypo in sentence_hypos[:nbest]

@@ -33,8 +33,8 @@ from starlette.staticfiles import StaticFiles
 
 from .batcher import ATTENTION, TRANSLATE, Batcher, NotReady, Overloaded
 from .limits import Limits
-from .request_body import DecodingOptions, RequestError, attention_request, translate_request
-from .served_model import ServedModel
+from .request_body import RequestError, attention_request, translate_request
+from .served_model import DecodingOptions, ServedModel
 
 #: The page's files, served as they are (no build step).
 STATIC = Path(__file__).resolve().parent / "static"
@@ -165,7 +165,8 @@ class Service:
         stats = batcher.stats
         content = {"status": status, "queued_sentences": batcher.queued_sentences,
                    "decoding_sentences": batcher.decoding_sentences,
-                   "batches": stats.batches, "requests": stats.requests,
+                   "batches": stats.batches, "decodes": stats.decodes,
+                   "requests": stats.requests,
                    "sentences": stats.sentences, "largest_batch": stats.largest_batch}
         return JSONResponse(content, status_code=200 if status == "ready" else 503,
                             headers=self.headers())

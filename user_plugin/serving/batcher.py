@@ -5,20 +5,23 @@ worker thread, which also loads the model, takes them in arrival order. When it 
 empty it waits for the next request, then up to :attr:`~.limits.Limits.batch_wait` seconds
 (a few milliseconds) for others to join it; when it was busy decoding, everything that queued
 meanwhile is taken at once. Up to :attr:`~.limits.Limits.max_batch` sentences are decoded in one
-call of the hub per set of decoding options (``beam``, ``lenpen``, ``nbest``), where they are
-sorted by length and cut into the hub's batches; each request then gets back exactly its own
-sentences' translations, in its order.
+call of the hub per ``beam`` and ``nbest`` (each sentence with its own request's ``lenpen``,
+which the search applies per sentence), where they are sorted by length; each request then
+gets back exactly its own sentences' translations, in its order.
 
-A request whose sentence the hub refuses (longer than the model's positions) would refuse the
-whole batch: the batch is then decoded again request by request, so only that request gets the
-error. Torch and CTranslate2 run only in the worker thread, never in the event loop, which
+A request whose sentence the model cannot take (longer than its positions) is refused alone
+before its batch is decoded (the check is cheap: the text pipeline and a count). Should the hub
+still refuse a batch, it is decoded again request by request, so only the request at fault gets
+the error. Torch and CTranslate2 run only in the worker thread, never in the event loop, which
 keeps answering health checks and refusing what the queue cannot hold.
 
 The queue is bounded by :attr:`~.limits.Limits.max_queue` sentences waiting: a request that
 does not fit is refused at once (:class:`Overloaded`, answered 503 with ``Retry-After``), never
 left to hang. A request whose client went away or whose deadline passed is taken out of the
-queue (:meth:`Batcher.abandon`), so it costs nothing more; one already being decoded finishes
-and its answer is dropped.
+queue (:meth:`Batcher.abandon`), so it costs nothing more; one already taken for a batch is
+left out of it unless its decoding has begun, and then its answer is dropped. The worker thread
+never reads a future: it reads the job's own flag, set under the queue's lock, and hands every
+result to the event loop's thread, which alone settles futures.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from dataclasses import dataclass, field
 from ..files.errors import UserError, first_line
 from .limits import Limits
 from .request_body import RequestError, TranslateRequest
-from .served_model import ServedModel
+from .served_model import NotSupported, ServedModel
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +69,7 @@ class Job:
     future: asyncio.Future
     arrived: float = field(default_factory=time.monotonic)
     started: bool = False
+    abandoned: bool = False
 
     @property
     def size(self) -> int:
@@ -76,11 +80,13 @@ class Job:
 
 @dataclass
 class BatchStats:
-    """What the worker has done: ``batches`` decoded (calls of the hub), ``requests`` and
-    ``sentences`` in them, the most requests one batch held (``largest_batch``), and the
-    decoding rate in sentences per second (an exponential average), for ``Retry-After``."""
+    """What the worker has done: ``batches`` taken from the queue, ``decodes`` (calls of the
+    hub for them: one per ``beam`` and ``nbest`` in a batch), ``requests`` and ``sentences`` in
+    them, the most requests one batch held (``largest_batch``), and the decoding rate in
+    sentences per second (an exponential average), for ``Retry-After``."""
 
     batches: int = 0
+    decodes: int = 0
     requests: int = 0
     sentences: int = 0
     largest_batch: int = 0
@@ -151,14 +157,18 @@ class Batcher:
         return job
 
     def abandon(self, job: Job) -> bool:
-        """Take ``job`` out of the queue (its client is gone or its deadline passed); False
-        when it is already being decoded (its answer will be dropped)."""
+        """Take ``job`` out of the queue (its client is gone or its deadline passed) and cancel
+        its future (in the event loop's thread, which calls this); False when it was already
+        taken for a batch (it is then left out unless being decoded, and its answer is
+        dropped)."""
         with self._lock:
-            if job.started or job not in self._queue:
-                return False
-            self._queue.remove(job)
-            self._queued -= job.size
-            return True
+            job.abandoned = True
+            queued = not job.started and job in self._queue
+            if queued:
+                self._queue.remove(job)
+                self._queued -= job.size
+        job.future.cancel()
+        return queued
 
     def stop(self) -> None:
         """Let the worker finish what is queued, then end it (waits for it once loaded)."""
@@ -174,6 +184,7 @@ class Batcher:
         return int(min(60, max(1, math.ceil(wait))))
 
     def _settle(self, job: Job, result: object, error: BaseException | None) -> None:
+        """Give ``job`` its result (in the event loop's thread)."""
         if job.future.done():  # abandoned: its client is gone or its deadline passed
             return
         if error is not None:
@@ -276,27 +287,33 @@ class Batcher:
         """Decode ``jobs`` (one attention job, or translate jobs grouped by options) and hand
         each its result."""
         if jobs[0].kind == ATTENTION:
-            job = jobs[0]
-            self._run(job, lambda: self.model.attention(job.request.sentences[0],
-                                                        job.request.options))
+            for job in self._still_wanted(jobs):
+                self._run(job, lambda job=job: self.model.attention(job.request.sentences[0],
+                                                                    job.request.options))
             return
         groups: dict = {}
-        for job in jobs:
-            groups.setdefault(job.request.options, []).append(job)
-        for options, group in groups.items():
-            group = [job for job in group if not job.future.done()]
-            if not group:
+        for job in self._still_wanted(jobs):
+            problem = self.model.length_problem(job.request.sentences)
+            if problem is not None:  # this request alone: the batch goes on without it
+                self._call_in_loop(self._settle, job, None, RequestError(422, problem))
                 continue
+            options = job.request.options
+            groups.setdefault((options.beam, options.nbest), []).append(job)
+        for group in groups.values():
+            options = group[0].request.options
             sentences = [s for job in group for s in job.request.sentences]
+            lenpens = [job.request.options.lenpen for job in group
+                       for _ in job.request.sentences]
             try:
-                outputs = self.model.translate(sentences, options)
+                self.stats.decodes += 1
+                outputs = self.model.translate(sentences, options, lenpens)
             except (UserError, ValueError, RequestError) as refused:
                 if len(group) == 1:  # the error is this request's: say it
                     self._call_in_loop(self._settle, group[0], None, refusal(refused))
                     continue
                 for job in group:  # find whose it is: each request alone
-                    self._run(job, lambda job=job, options=options: self.model.translate(
-                        list(job.request.sentences), options))
+                    self._run(job, lambda job=job: self.model.translate(
+                        list(job.request.sentences), job.request.options))
                 continue
             except Exception as error:  # noqa: BLE001 (a bug: every request of it gets 500)
                 logger.exception("decoding a batch failed")
@@ -310,11 +327,19 @@ class Batcher:
                 self._call_in_loop(self._settle, job, outputs[start:end], None)
                 start = end
 
+    def _still_wanted(self, jobs: list[Job]) -> list[Job]:
+        """``jobs`` but those abandoned since they were taken, or whose deadline passed."""
+        now = time.monotonic()
+        with self._lock:
+            return [job for job in jobs if not job.abandoned
+                    and now - job.arrived < self.limits.deadline]
+
     def _run(self, job: Job, compute: Callable[[], object]) -> None:
         """``compute()`` as ``job``'s result; what it refuses becomes ``job``'s error."""
+        self.stats.decodes += 1
         try:
             result, error = compute(), None
-        except (RequestError, UserError, ValueError) as refused:
+        except (RequestError, UserError, ValueError, NotSupported) as refused:
             result, error = None, refusal(refused)
         except Exception as failure:  # noqa: BLE001 (a bug: 500, traceback logged)
             logger.exception("decoding a request failed")
@@ -323,6 +348,9 @@ class Batcher:
 
 
 def refusal(error: Exception) -> RequestError:
-    """What the hub refused in a request (a sentence too long, an option the backend lacks) as
-    the request's error: 422 with the hub's line."""
-    return error if isinstance(error, RequestError) else RequestError(422, first_line(error))
+    """What the model refused in a request as the request's error: 501 for what its backend
+    cannot do (:class:`~.served_model.NotSupported`), else 422 (a sentence too long, an option
+    the backend lacks), with the model's line."""
+    if isinstance(error, RequestError):
+        return error
+    return RequestError(501 if isinstance(error, NotSupported) else 422, first_line(error))

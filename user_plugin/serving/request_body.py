@@ -17,8 +17,11 @@ from dataclasses import dataclass
 
 from ..files.text import BYTE_ORDER_MARK
 from ..generation.decoding_options import DecodingOptionError, check_value
-from ..paper import BEAM, LENPEN
 from .limits import Limits
+from .served_model import DecodingOptions
+
+#: The decoding of a request that names no option: the paper's.
+PAPER_OPTIONS = DecodingOptions()
 
 
 class RequestError(Exception):
@@ -27,15 +30,6 @@ class RequestError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
-
-
-@dataclass(frozen=True)
-class DecodingOptions:
-    """How a request's sentences are decoded: requests with equal options share a batch."""
-
-    beam: int = BEAM
-    lenpen: float = LENPEN
-    nbest: int = 1
 
 
 @dataclass(frozen=True)
@@ -139,7 +133,7 @@ ATTENTION_FIELDS = ("text", "beam", "lenpen")
 
 
 def translate_request(data: bytes, limits: Limits,
-                      defaults: DecodingOptions = DecodingOptions()) -> TranslateRequest:
+                      defaults: DecodingOptions = PAPER_OPTIONS) -> TranslateRequest:
     """``{"text": [sentence, ...], "beam"?, "lenpen"?, "nbest"?}`` checked: ``text`` a list
     of at most ``limits.max_sentences`` strings (413 beyond), ``beam`` an integer from 1 to
     ``limits.max_beam``, ``lenpen`` a finite number, ``nbest`` an integer from 1 to ``beam``;
@@ -159,7 +153,7 @@ def translate_request(data: bytes, limits: Limits,
 
 
 def attention_request(data: bytes, limits: Limits,
-                      defaults: DecodingOptions = DecodingOptions()) -> TranslateRequest:
+                      defaults: DecodingOptions = PAPER_OPTIONS) -> TranslateRequest:
     """``{"text": "one sentence", "beam"?, "lenpen"?}`` checked as :func:`translate_request`
     checks its fields."""
     body = parse_json(data)

@@ -23,11 +23,25 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..files.errors import InvalidValue
 from ..paper import BEAM, LENPEN, MAX_LEN_OVER_SOURCE
-from .request_body import DecodingOptions, RequestError
 
 #: The backends, as ``vaswani-translate --backend`` names them.
 BACKENDS = ("fairseq", "ctranslate2")
+
+
+class NotSupported(Exception):
+    """What the served backend cannot do at all (not a fault of the request's values)."""
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    """How a request's sentences are decoded; requests with equal ``beam`` and ``nbest`` share
+    a batch, each sentence with its own ``lenpen``."""
+
+    beam: int = BEAM
+    lenpen: float = LENPEN
+    nbest: int = 1
 
 
 @dataclass(frozen=True)
@@ -140,13 +154,21 @@ class ServedModel:
             "identity": self.identity,
         }
 
-    def translate(self, sentences: list[str], options: DecodingOptions) -> list:
+    def translate(self, sentences: list[str], options: DecodingOptions,
+                  lenpens: list[float] | None = None) -> list:
         """The hub's translations of ``sentences``: one string per sentence, or one list of
-        ``nbest`` strings when ``options.nbest`` > 1; a ``ValueError`` (a sentence longer than
+        ``nbest`` strings when ``options.nbest`` > 1, each sentence decoded with its alpha in
+        ``lenpens`` (default: ``options.lenpen``); a ``ValueError`` (a sentence longer than
         the model's positions, a decoding option the backend refuses) or a
         :class:`~user_plugin.files.UserError` before anything is decoded."""
         return self.translator.translate(list(sentences), nbest=options.nbest,
-                                         beam=options.beam, lenpen=options.lenpen)
+                                         beam=options.beam,
+                                         lenpen=options.lenpen if lenpens is None else lenpens)
+
+    def length_problem(self, sentences) -> str | None:
+        """Why the model cannot take one of ``sentences`` (longer than its source positions),
+        or None: the text pipeline and a count, no decoding."""
+        return self.translator.length_problem(list(sentences))
 
     def attention(self, sentence: str, options: DecodingOptions) -> dict:
         """The best translation of ``sentence`` and its encoder-decoder attention,
@@ -158,12 +180,12 @@ class ServedModel:
         from ..modules.attention_maps import attention_maps
 
         if not self.has_attention:
-            raise RequestError(501, "the ctranslate2 backend returns no per-layer, per-head "
+            raise NotSupported("the ctranslate2 backend returns no per-layer, per-head "
                                "attention: serve the checkpoint (--backend fairseq) to see it")
         translator = self.translator
         encoded = translator.model_tokens([sentence])[0]  # what the hub feeds the model
         if not encoded.strip():
-            raise RequestError(422, "text: empty sentence (nothing to attend to)")
+            raise InvalidValue("text: empty sentence (nothing to attend to)")
         hypothesis = translator.translate_tokens([encoded], beam=options.beam,
                                                  lenpen=options.lenpen)[0][0]
         src_dict = translator.task.source_dictionary
