@@ -199,6 +199,10 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answers(server, r
     (b'{"text": ["A dog runs."], "lenpen": -0.5}', 422, "lenpen: must be a number from 0 to 10"),
     (b'{"text": ["A dog runs."], "lenpen": null}', 422, "lenpen: expected a number, got null"),
     (json.dumps({"text": ["x"] * 257}).encode(), 413, "text: 257 sentences, more than the 256"),
+    (b'{"text": ["A dog runs."], "beam": ' + b"9" * 5000 + b"}", 422,
+     "body: an integer of 5000 digits"),
+    (b'{"text": ["A dog runs."], "x": ' + b"[" * 100000 + b"]" * 100000 + b"}", 422,
+     "body: JSON nested too deeply"),
     (b'{"text": ["' + b"a" * (1 << 20) + b'"]}', 413, "body: "),
 ])
 def test_bad_requests_get_one_line_naming_the_field(server, body, status, says):
@@ -256,19 +260,20 @@ def loaded_model(model_dir):
 
 
 @contextlib.contextmanager
-def in_process_server(model, **limits):
-    """uvicorn serving ``model`` with ``limits`` in a thread of this process."""
+def in_process_server(model, connections: dict | None = None, **limits):
+    """uvicorn serving ``model`` with ``limits`` in a thread of this process, configured as
+    ``vaswani-serve`` configures it (``connections``: its ``max_connections`` and
+    ``header_timeout``)."""
     import uvicorn
 
     from user_plugin.serving.app import Service, create_app
     from user_plugin.serving.served_model import DecodingOptions
-    from user_plugin.serving.server import bind
+    from user_plugin.serving.server import bind, uvicorn_config
 
     sock = bind("127.0.0.1", 0)
     address = sock.getsockname()[:2]
     service = Service(lambda: model, Limits(**limits), DecodingOptions())
-    server = uvicorn.Server(uvicorn.Config(create_app(service), log_level="warning",
-                                           lifespan="on", http="h11", loop="asyncio"))
+    server = uvicorn.Server(uvicorn_config(create_app(service), **(connections or {})))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
@@ -330,6 +335,36 @@ def test_a_body_that_never_arrives_is_408_at_the_deadline(loaded_model):
             answer = answer.decode()
         assert answer.startswith("HTTP/1.1 408")
         assert "body: not received within the deadline of 0.5 s" in answer
+
+
+def test_a_connection_flood_gets_503_at_once_and_a_stalled_header_is_closed(loaded_model):
+    """Past ``max_connections`` open at once, uvicorn answers 503 at once (``/health`` too)
+    instead of letting the flood stall everyone; a client that sends half a header block (or
+    nothing) is closed after ``header_timeout`` (before: still open after 45 s)."""
+    with in_process_server(loaded_model, {"max_connections": 3, "header_timeout": 0.5}) \
+            as (address, service):
+        flood = []
+        try:
+            for _ in range(2):  # with the next connection, 3 are open
+                flood.append(socket.create_connection(address, timeout=30))
+                flood[-1].sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                                  b"50\r\n\r\n{")  # a body that never ends: holds its slot
+                time.sleep(0.2)
+            wait_until(lambda: request(address, "GET", "/health", timeout=5).status == 503,
+                       "the flood to fill the connections", timeout=30)
+            started = time.monotonic()
+            answer = request(address, "GET", "/health", timeout=5)
+            assert answer.status == 503 and time.monotonic() - started < 2
+        finally:
+            for client in flood:
+                client.close()
+        wait_until(lambda: request(address, "GET", "/health", timeout=5).status == 200,
+                   "the connections freed", timeout=30)
+        with socket.create_connection(address, timeout=30) as stalled:
+            stalled.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # no blank line: half
+            started = time.monotonic()
+            assert stalled.recv(1024) == b""  # closed by the server, without an answer
+            assert 0.3 < time.monotonic() - started < 10
 
 
 def test_a_client_that_disconnects_frees_its_slot(loaded_model):
@@ -475,6 +510,16 @@ def test_command_errors_are_one_line(model_dir, tmp_path):
         "vaswani-serve: error: cannot listen on 127.0.0.1:")
     bad_limits = run(str(model_dir), "--max-sentences", "2000")
     assert bad_limits.returncode == 1 and "max_queue" in bad_limits.stderr
+    # options that contradict each other, and a device this machine lacks, name the options
+    for args, says in ((("--batch-wait-ms", "5000", "--deadline", "2"),
+                        "--batch-wait-ms 5000 is not shorter than --deadline 2 s"),
+                       (("--max-batch", "256"), "--max-batch 256 is more than --batch-size 64"),
+                       (("--device", "gpu"), "argument --device: expected cpu, cuda or cuda:N"),
+                       (("--device", "cuda:7"), "argument --device: cuda:7: torch sees")):
+        refused = run(str(model_dir), *args)
+        assert refused.returncode == 2 and "listening" not in refused.stderr
+        assert refused.stderr.strip().splitlines()[-1].startswith(
+            f"vaswani-serve: error: {says}"), refused.stderr
     # refused before anything loads: a port a socket would take modulo 65536, more threads
     # than torch can start, a length penalty out of the decoding options' one range
     for option, value, says in (("--port", "99999", "must be from 0 to 65535"),

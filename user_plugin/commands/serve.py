@@ -58,6 +58,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--port", type=int_between(0, 65535), default=8000,
                         help="port to listen on (0: a free one, printed)")
     parser.add_argument("--backend", choices=("fairseq", "ctranslate2"), default="fairseq")
+    parser.add_argument("--device", default="cpu",
+                        help="where the model runs: cpu, or cuda (cuda:N) when torch sees a GPU "
+                        "(default: cpu)")
     model = parser.add_argument_group("the model's files (as vaswani-translate)")
     model.add_argument("--checkpoints", nargs="+", help="several = an ensemble (fairseq)")
     model.add_argument("--data-dir", type=Path, help="the dictionaries (fairseq)")
@@ -86,12 +89,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="seconds from a request's arrival to its answer; later: 504")
     limits.add_argument("--max-beam", type=int_at_least(1), default=defaults.max_beam,
                         help="largest beam a request may ask for (422 beyond)")
-    limits.add_argument("--max-batch", type=int_at_least(1), default=defaults.max_batch,
-                        help="most sentences decoded together")
+    limits.add_argument("--max-batch", type=int_at_least(1),
+                        help="most sentences decoded together, at most --batch-size "
+                        "(default: --batch-size)")
     limits.add_argument("--batch-wait-ms", type=finite_float,
                         default=defaults.batch_wait * 1000,
                         help="milliseconds an idle decoder waits for more requests to join "
                         "the first")
+    limits.add_argument("--max-connections", type=int_at_least(1), default=512,
+                        help="connections open at once; more get 503 at once")
+    limits.add_argument("--header-timeout", type=positive_seconds, default=10.0,
+                        help="seconds a client has to send a request's headers before its "
+                        "connection is closed")
     parser.add_argument("--access-log", action="store_true", help="log every request")
     args = parser.parse_args(argv)
     if args.backend == "ctranslate2":
@@ -103,7 +112,39 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"argument --batch-wait-ms: must be >= 0, got {args.batch_wait_ms}")
     if args.beam > args.max_beam:
         parser.error(f"--beam {args.beam} is more than --max-beam {args.max_beam}")
+    if args.batch_wait_ms / 1000 >= args.deadline:
+        parser.error(f"--batch-wait-ms {args.batch_wait_ms:g} is not shorter than --deadline "
+                     f"{args.deadline:g} s: a lone request would wait past its deadline")
+    if args.max_batch is None:
+        args.max_batch = args.batch_size
+    elif args.max_batch > args.batch_size:
+        parser.error(f"--max-batch {args.max_batch} is more than --batch-size "
+                     f"{args.batch_size}: the server's batch would be decoded as several of "
+                     "the decoder's in a row, and requests arriving meanwhile would wait for "
+                     "all of them")
+    device_problem = checked_device(args.device)
+    if device_problem is not None:
+        parser.error(f"argument --device: {device_problem}")
     return args
+
+
+def checked_device(device: str) -> str | None:
+    """Why ``device`` cannot run the model here (not cpu, cuda or cuda:N, or a GPU torch does
+    not see), or None."""
+    import re
+
+    match = re.fullmatch(r"cpu|cuda(?::(\d+))?", device)
+    if match is None:
+        return f"expected cpu, cuda or cuda:N, got {device!r}"
+    if device == "cpu":
+        return None
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = int(match.group(1) or 0)
+    if index >= count:
+        return f"{device}: torch sees {count} CUDA GPU(s) here"
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -125,9 +166,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         data_dir=args.data_dir, source_lang=args.source_lang, target_lang=args.target_lang,
         bpe_codes=args.bpe_codes, sentencepiece_model=args.sentencepiece_model,
         beam=args.beam, lenpen=args.lenpen, batch_size=args.batch_size, threads=args.threads,
+        device=args.device,
     )
     sock = bind(args.host, args.port)
-    say(f"listening on {url_of(sock)} (loading {args.model_dir}, {args.backend} backend)")
+    say(f"listening on {url_of(sock)} (loading {args.model_dir}, {args.backend} backend, "
+        f"{args.device})")
 
     def ready(model: ServedModel) -> None:
         codec = model.translator.codec
@@ -140,7 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                           on_load_error=on_fatal, on_ready=ready)
         return create_app(service)
 
-    run(build_app, sock, access_log=args.access_log)
+    run(build_app, sock, access_log=args.access_log, max_connections=args.max_connections,
+        header_timeout=args.header_timeout)
     say("stopped: every accepted request was answered")
     return 0
 

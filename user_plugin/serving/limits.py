@@ -31,8 +31,9 @@ class Limits:
     deadline: float = 30.0
     #: Largest beam a request may ask for.
     max_beam: int = 16
-    #: Most sentences decoded in one call of the decoder (one batch).
-    max_batch: int = 256
+    #: Most sentences decoded in one call of the decoder (one batch; ``vaswani-serve`` makes it
+    #: its ``--batch-size``, the hub's batch, so that a batch is never several in a row).
+    max_batch: int = 64
     #: Seconds the idle decoder waits after a first request for others to join its batch.
     batch_wait: float = 0.005
 

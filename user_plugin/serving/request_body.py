@@ -90,6 +90,18 @@ def _sentence(value: object, where: str) -> str:
     return value
 
 
+#: The most digits of a JSON integer the server reads: every integer field is small, and
+#: Python refuses to read integers of more than 4,300 digits (with a ValueError).
+MAX_INTEGER_DIGITS = 100
+
+
+def _bounded_integer(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INTEGER_DIGITS:
+        raise RequestError(422, f"body: an integer of {len(text.lstrip('-'))} digits (the "
+                           f"fields take integers of at most {MAX_INTEGER_DIGITS})")
+    return int(text)
+
+
 def _no_constant(name: str) -> None:
     """Python's JSON reader takes ``NaN`` and ``Infinity``; JSON has no such values."""
     raise RequestError(422, f"body: not JSON ({name} is not a JSON value)")
@@ -98,16 +110,21 @@ def _no_constant(name: str) -> None:
 def parse_json(data: bytes) -> dict:
     """A request body as a JSON object; a :class:`RequestError` (422) naming what is wrong:
     bytes that are not UTF-8 (with the byte offset), text that is not JSON (with line and
-    column), or JSON that is not an object."""
+    column), JSON nested deeper than Python's reader goes, an integer of more than
+    :data:`MAX_INTEGER_DIGITS` digits, or JSON that is not an object."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise RequestError(422, f"body: not valid UTF-8 text (byte {error.start})") from None
     try:
-        body = json.loads(text.removeprefix(BYTE_ORDER_MARK), parse_constant=_no_constant)
+        body = json.loads(text.removeprefix(BYTE_ORDER_MARK), parse_constant=_no_constant,
+                          parse_int=_bounded_integer)
     except json.JSONDecodeError as error:
         raise RequestError(422, f"body: not JSON ({error.msg} at line {error.lineno}, "
                            f"column {error.colno})") from None
+    except RecursionError:  # Python's reader recurses once per level of nesting
+        raise RequestError(422, "body: JSON nested too deeply (a request is one object of "
+                           "flat fields)") from None
     if not isinstance(body, dict):
         raise RequestError(422, f"body: expected a JSON object, got {_kind(body)}")
     return body

@@ -48,7 +48,8 @@ class DecodingOptions:
 class ModelSettings:
     """Where the model is and how to load it (``vaswani-translate``'s options of the same
     names); ``threads`` is torch's intra-op threads (fairseq) or CTranslate2's
-    ``intra_threads``, 0 for the library's default."""
+    ``intra_threads``, 0 for the library's default; ``device`` is where the model runs
+    (``cpu``, ``cuda``, ``cuda:N``), for both backends."""
 
     model_dir: Path
     backend: str = "fairseq"
@@ -62,6 +63,7 @@ class ModelSettings:
     lenpen: float = LENPEN
     batch_size: int = 64
     threads: int = 0
+    device: str = "cpu"
 
 
 def _digest(value: object) -> str:
@@ -100,6 +102,7 @@ class ServedModel:
             source_lang=settings.source_lang, target_lang=settings.target_lang,
             bpe_codes=settings.bpe_codes, sentencepiece_model=settings.sentencepiece_model,
             beam=settings.beam, lenpen=settings.lenpen, batch_size=settings.batch_size,
+            device=settings.device,
         )
         files = translator.model_files
         identity = {
@@ -116,7 +119,7 @@ class ServedModel:
 
         engine, codec, manifest = open_export(
             settings.model_dir, settings.source_lang, settings.target_lang, settings.bpe_codes,
-            settings.sentencepiece_model, threads=settings.threads)
+            settings.sentencepiece_model, threads=settings.threads, device=settings.device)
         translator = CTranslate2Translator(engine, codec, manifest, beam=settings.beam,
                                            lenpen=settings.lenpen,
                                            batch_size=settings.batch_size)
