@@ -484,6 +484,38 @@ def test_sigterm_answers_every_accepted_request_then_exits_0(model_dir, raw_line
     assert process.stderr[-1] == "vaswani-serve: stopped: every accepted request was answered"
 
 
+def test_a_second_stop_signal_ends_the_server_at_once_with_one_line(model_dir, raw_lines):
+    """A request waits in the queue; Ctrl-C starts the graceful stop (which waits for it), a
+    second Ctrl-C ends the process at once: one line and status 130, no traceback."""
+    process = start_server(model_dir, *LANGS, "--batch-wait-ms", "20000")
+    answers: list = []
+
+    def client() -> None:
+        try:
+            answers.append(process.request("POST", "/translate", {"text": raw_lines[:3]}))
+        except OSError as error:
+            answers.append(error)
+
+    thread = threading.Thread(target=client)
+    try:
+        thread.start()
+        wait_until(lambda: process.request("GET", "/health").json["queued_sentences"] == 3,
+                   "the request to queue")
+        process.process.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        process.process.send_signal(signal.SIGINT)
+        assert process.process.wait(timeout=60) == 128 + signal.SIGINT
+        thread.join(timeout=60)
+        wait_until(lambda: any("forced to stop" in line for line in process.stderr),
+                   "the line", timeout=10)
+    finally:
+        process.stop()
+    assert process.stderr[-1] == ("vaswani-serve: forced to stop: requests still queued or "
+                                  "being decoded get no answer")
+    assert not any("Traceback" in line for line in process.stderr)
+    assert answers and isinstance(answers[0], OSError)  # its connection ended unanswered
+
+
 def test_command_errors_are_one_line(model_dir, tmp_path):
     from cli import command
 
