@@ -315,6 +315,25 @@ def test_full_queue_answers_503_with_retry_after_at_once(loaded_model):
             four["text"], service.defaults)
 
 
+def test_a_request_expected_past_half_its_deadline_is_refused_at_once(loaded_model):
+    """The queue is measured in seconds of work: at a measured rate of 1 sentence/s and a
+    deadline of 4 s, a request of 3 sentences would take 3 s, more than the 2 s it may wait:
+    503 at once with Retry-After; at a rate that allows it, it is answered."""
+    three = {"text": ["A dog runs.", "A cat sleeps.", "Two men talk."]}
+    with in_process_server(loaded_model, deadline=4.0) as (address, service):
+        service.batcher.stats.rate = 1.0  # as if measured
+        started = time.monotonic()
+        refused = request(address, "POST", "/translate", three)
+        assert refused.status == 503 and time.monotonic() - started < 1.5
+        assert refused.json["error"] == (
+            "the server is busy: this request would be answered in about 3.0 s, more than "
+            "the 2 s a request may wait (half its deadline): retry later")
+        assert refused.headers["retry-after"] == "1"
+        assert service.batcher.stats.requests == 0
+        service.batcher.stats.rate = 100.0
+        assert request(address, "POST", "/translate", three).status == 200
+
+
 def test_deadline_answers_504_and_frees_the_queue(loaded_model):
     with in_process_server(loaded_model, deadline=0.001, batch_wait=0.5) as (address, service):
         answer = request(address, "POST", "/translate", {"text": ["A dog runs."]})

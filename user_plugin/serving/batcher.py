@@ -15,12 +15,16 @@ still refuse a batch, it is decoded again request by request, so only the reques
 the error. Torch and CTranslate2 run only in the worker thread, never in the event loop, which
 keeps answering health checks and refusing what the queue cannot hold.
 
-The queue is bounded by :attr:`~.limits.Limits.max_queue` sentences waiting: a request that
-does not fit is refused at once (:class:`Overloaded`, answered 503 with ``Retry-After``), never
-left to hang. A request whose client went away or whose deadline passed is taken out of the
-queue (:meth:`Batcher.abandon`), so it costs nothing more; one already taken for a batch is
-left out of it unless its decoding has begun, and then its answer is dropped. The worker thread
-never reads a future: it reads the job's own flag, set under the queue's lock, and hands every
+The queue is bounded in seconds of work: once the decoder's rate is measured (sentences per
+second, smoothed over its batches), a request is admitted only while the work ahead of it and
+its own (the sentences queued, being decoded, and its own, over that rate) would take at most
+:data:`ADMISSION_SHARE` of the deadline; and always at most :attr:`~.limits.Limits.max_queue`
+sentences wait. A request that does not fit is refused at once (:class:`Overloaded`, answered
+503 with ``Retry-After``), never left to wait for an answer it would get after its deadline.
+A request whose client went away or whose deadline passed is taken out of the queue
+(:meth:`Batcher.abandon`), so it costs nothing more; one already taken for a batch is left out
+of it unless its decoding has begun, and then its answer is dropped. The worker thread never
+reads a future: it reads the job's own flag, set under the queue's lock, and hands every
 result to the event loop's thread, which alone settles futures.
 """
 
@@ -41,6 +45,10 @@ from .request_body import RequestError, TranslateRequest
 from .served_model import NotSupported, ServedModel
 
 logger = logging.getLogger(__name__)
+
+#: The share of the deadline a request's expected work may take when it is admitted: the rest
+#: absorbs the rate's variation (a batch of long sentences), reading and answering.
+ADMISSION_SHARE = 0.5
 
 #: What a job asks for: translations of its sentences, or the attention of its one sentence.
 TRANSLATE, ATTENTION = "translate", "attention"
@@ -151,6 +159,13 @@ class Batcher:
                 raise Overloaded(
                     f"the queue is full ({self._queued} sentences waiting, at most "
                     f"{self.limits.max_queue}): retry later", self._retry_after())
+            work = self._expected_work(job.size)
+            bound = ADMISSION_SHARE * self.limits.deadline
+            if work is not None and work > bound:
+                raise Overloaded(
+                    f"the server is busy: this request would be answered in about {work:.1f} "
+                    f"s, more than the {bound:g} s a request may wait (half its deadline): "
+                    "retry later", self._retry_after(work - bound))
             self._queue.append(job)
             self._queued += job.size
             self._lock.notify_all()
@@ -178,9 +193,20 @@ class Batcher:
         if self._thread is not None and self.state == "ready":
             self._thread.join()
 
-    def _retry_after(self) -> int:
+    def _expected_work(self, sentences: int) -> float | None:
+        """Seconds until a request of ``sentences`` would be answered: the sentences queued,
+        being decoded and its own, over the measured rate; None before any batch is measured."""
         rate = self.stats.rate
-        wait = self._queued / rate if rate > 0 else 1.0
+        if rate <= 0:
+            return None
+        return (self._queued + self._decoding + sentences) / rate
+
+    def _retry_after(self, wait: float | None = None) -> int:
+        """Whole seconds, 1 to 60, after which a refused client may try again: ``wait``, else
+        the time the queue takes to drain at the measured rate."""
+        if wait is None:
+            rate = self.stats.rate
+            wait = self._queued / rate if rate > 0 else 1.0
         return int(min(60, max(1, math.ceil(wait))))
 
     def _settle(self, job: Job, result: object, error: BaseException | None) -> None:
