@@ -74,6 +74,7 @@ def test_a_rolling_restart_behind_nginx_loses_nothing(nginx, trained_multi30k, t
                     break
             except OSError:
                 time.sleep(0.05)
+        assert balancer.poll() is None, balancer.stderr.read()
         # the answers each request must get: a replica alone, before the burst
         expected = [request(replicas[1].address, "POST", "/translate", body).json
                     for body in bodies]
