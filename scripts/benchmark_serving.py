@@ -2,8 +2,12 @@
 """Load benchmark of ``vaswani-serve``, on this machine's loopback only.
 
 For each backend given (``--fairseq MODEL_DIR``, ``--ctranslate2 EXPORT_DIR``), servers are
-started on 127.0.0.1 with the same ``--threads`` and driven by an asyncio client (httpx),
-one raw source sentence per request, sentences taken in turn from ``--sentences``:
+started on 127.0.0.1 with the same ``--threads`` and driven with one raw source sentence per
+request, sentences taken in turn from ``--sentences``. The throughput runs are driven by
+``wrk`` (a compiled load generator, Debian's package, with ``scripts/serving_load.lua``), so
+that the client does not take the cores it measures; where wrk is missing (or with
+``--load-generator python``), by an asyncio client (httpx). The answers that must be checked
+(the reference pass, the open loop, the soak) go through the Python client:
 
 1. **reference**: every sentence alone, one request at a time, on the batched server; its
    answers are the ones every later answer is checked against ("differ": another text, which
@@ -12,14 +16,16 @@ one raw source sentence per request, sentences taken in turn from ``--sentences`
 2. **throughput**: ``--clients`` concurrent clients (1, 8, 64), each sending its next request
    when its previous one is answered, ``--requests`` requests or ``--seconds`` at most, against
    the **batched** server (the defaults) and the **one-request-at-a-time** server
-   (``--max-batch 1 --batch-wait-ms 0``): sentences/s, p50 and p99 latency;
+   (``--max-batch 1 --batch-wait-ms 0``): sentences/s, p50 and p99 latency, and the cause
+   of every request not answered 200 or 503 (its status, or wrk's socket error kind);
 3. **overload**: requests arriving on a fixed schedule (open loop) at the batched server's
    best rate of step 2 (its "sustainable" rate), then at ``--overload-factor`` (4) times it,
    for ``--overload-seconds`` each: the share answered, the share refused with 503, the
-   number lost (no answer, a connection error, any other status) and differing, and the p99 of
-   the answered ones;
-4. **soak**: 8 clients for ``--soak-seconds`` (600) on the batched server, with its resident
-   memory (``VmRSS`` of ``/proc/PID/status``, Linux) after a warm-up and at the end.
+   number lost (no answer, a connection error, any other status: each cause counted) and
+   differing, and the p99 of the answered ones;
+4. **soak**: 8 clients for ``--soak-seconds`` (600) on the batched server, each request with
+   another ``lenpen`` (:data:`SOAK_LENPENS`), with the server's resident memory (``VmRSS`` of
+   ``/proc/PID/status``, Linux) after a warm-up and at the end.
 
 Every phase is bounded in requests and time; the servers are stopped by SIGTERM at the end
 and must exit 0. ``--quick`` runs every phase with tiny sizes (a few seconds each) to check
@@ -42,15 +48,18 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+WRK_SCRIPT = Path(__file__).resolve().parent / "serving_load.lua"
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
@@ -133,9 +142,10 @@ class Tally:
         self.reference = reference
         self.latencies: list[float] = []
         self.answered = self.refused = self.lost = self.differ = 0
+        self.causes: dict[str, int] = {}
 
     def record(self, sentence: str, status: int | None, body: dict | None,
-               seconds: float) -> None:
+               seconds: float, cause: str | None = None) -> None:
         if status == 200 and body is not None and len(body.get("translations", [])) == 1:
             self.answered += 1
             self.latencies.append(seconds)
@@ -146,6 +156,8 @@ class Tally:
             self.refused += 1
         else:
             self.lost += 1
+            cause = cause or (f"HTTP {status}" if status is not None else "no answer")
+            self.causes[cause] = self.causes.get(cause, 0) + 1
 
     def total(self) -> int:
         return self.answered + self.refused + self.lost
@@ -167,20 +179,64 @@ class Tally:
             "p99_ms": None if p99 is None else round(p99 * 1000, 1),
             "answered_share": round(self.answered / total, 4) if total else None,
             "refused_share": round(self.refused / total, 4) if total else None,
+            "lost_causes": dict(sorted(self.causes.items())),
         }
 
 
-async def one_request(client, url: str, sentence: str, tally: Tally) -> None:
+#: The length penalties the soak's requests take in turn (the server must keep no state per
+#: value: its memory is what the soak measures).
+SOAK_LENPENS = [round(0.05 * i, 2) for i in range(1, 41)]
+
+
+async def one_request(client, url: str, sentence: str, tally: Tally,
+                      lenpen: float | None = None) -> None:
     import httpx
 
     started = time.perf_counter()
+    body: dict = {"text": [sentence]}
+    if lenpen is not None:
+        body["lenpen"] = lenpen
+    cause = None
     try:
-        response = await client.post(url + "/translate", json={"text": [sentence]})
-        body = response.json() if response.status_code == 200 else None
+        response = await client.post(url + "/translate", json=body)
+        answer = response.json() if response.status_code == 200 else None
         status = response.status_code
-    except (httpx.HTTPError, ValueError):
-        status, body = None, None
-    tally.record(sentence, status, body, time.perf_counter() - started)
+    except (httpx.HTTPError, ValueError) as error:
+        status, answer, cause = None, None, type(error).__name__
+    tally.record(sentence, status, answer, time.perf_counter() - started, cause)
+
+
+def wrk_closed_loop(url: str, sentences: list[str], clients: int, seconds: float,
+                    workdir: Path) -> dict:
+    """``clients`` connections of wrk, each sending its next request once answered, for
+    ``seconds``: what :func:`closed_loop` reports, from wrk's count of statuses and socket
+    errors (texts are not checked here)."""
+    listing = workdir / "wrk_sentences.txt"
+    listing.write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    proc = subprocess.run(
+        ["wrk", "-t1", f"-c{clients}", f"-d{max(1, math.ceil(seconds))}s",
+         f"--timeout={max(2, math.ceil(seconds))}s", "-s", str(WRK_SCRIPT), url, "--",
+         str(listing)], capture_output=True, text=True, timeout=seconds + 120, check=False)
+    line = next((line for line in proc.stdout.splitlines()
+                 if line.startswith("vaswani-load: ")), None)
+    if proc.returncode != 0 or line is None:
+        raise UserError(f"wrk failed ({proc.returncode}): {(proc.stderr or proc.stdout)[-300:]}")
+    load = json.loads(line.removeprefix("vaswani-load: "))
+    statuses = {int(status): count for status, count in load["statuses"].items()}
+    answered, refused = statuses.pop(200, 0), statuses.pop(503, 0)
+    causes = {f"HTTP {status}": count for status, count in statuses.items()}
+    causes.update({f"socket {kind}": count for kind, count in load["errors"].items() if count})
+    elapsed = load["duration_us"] / 1e6
+    total = answered + refused + sum(statuses.values())
+    return {
+        "requests": total, "answered": answered, "refused_503": refused,
+        "lost": sum(causes.values()), "differ": None, "seconds": round(elapsed, 3),
+        "sentences_per_s": round(answered / elapsed, 2) if elapsed > 0 else None,
+        "p50_ms": round(load["p50_us"] / 1000, 1), "p99_ms": round(load["p99_us"] / 1000, 1),
+        "answered_share": round(answered / total, 4) if total else None,
+        "refused_share": round(refused / total, 4) if total else None,
+        "lost_causes": dict(sorted(causes.items())), "load_generator": "wrk",
+    }
 
 
 #: Connections of the open-loop client (see :func:`open_loop`).
@@ -195,8 +251,10 @@ def http_client(connections: int, timeout: float):
 
 
 async def closed_loop(url: str, sentences: list[str], clients: int, requests: int,
-                      seconds: float, reference: dict | None, timeout: float) -> dict:
-    """``clients`` clients, each sending its next request once answered."""
+                      seconds: float, reference: dict | None, timeout: float,
+                      lenpens: list[float] | None = None) -> dict:
+    """``clients`` clients, each sending its next request once answered (with ``lenpens``
+    taken in turn, when given)."""
     tally = Tally(reference)
     counter = iter(range(requests))
     stop_at = time.perf_counter() + seconds
@@ -206,7 +264,9 @@ async def closed_loop(url: str, sentences: list[str], clients: int, requests: in
             for index in counter:
                 if time.perf_counter() > stop_at:
                     return
-                await one_request(client, url, sentences[index % len(sentences)], tally)
+                lenpen = None if lenpens is None else lenpens[index % len(lenpens)]
+                await one_request(client, url, sentences[index % len(sentences)], tally,
+                                  lenpen)
 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(clients)))
@@ -268,6 +328,15 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}"
 
 
+def throughput(url: str, sentences: list[str], clients: int, args, reference: dict,
+               timeout: float) -> dict:
+    """A closed-loop throughput run, by wrk or by the Python client (``--load-generator``)."""
+    if args.load_generator == "wrk":
+        return wrk_closed_loop(url, sentences, clients, args.seconds, args.workdir)
+    return asyncio.run(closed_loop(url, sentences, clients, args.requests, args.seconds,
+                                   reference, timeout))
+
+
 def benchmark_backend(backend: str, model_dir: str, extra: list[str], args, sentences,
                       reference_text) -> dict:
     common = ["--threads", str(args.threads), "--max-queue", str(args.max_queue),
@@ -285,12 +354,12 @@ def benchmark_backend(backend: str, model_dir: str, extra: list[str], args, sent
 
             result["sacrebleu"] = round(sacrebleu.corpus_bleu(
                 outputs, [reference_text[:len(outputs)]]).score, 2)
+        result["load_generator"] = args.load_generator
         result["batched"] = {}
         for clients in args.clients:
-            say(f"[{backend}] batched, {clients} clients")
-            result["batched"][clients] = asyncio.run(closed_loop(
-                batched.url, sentences, clients, args.requests, args.seconds, reference,
-                timeout))
+            say(f"[{backend}] batched, {clients} clients ({args.load_generator})")
+            result["batched"][clients] = throughput(batched.url, sentences, clients, args,
+                                                    reference, timeout)
         best = max(run["sentences_per_s"] or 0 for run in result["batched"].values())
         result["sustainable_per_s"] = best
         result["overload"] = {}
@@ -304,7 +373,7 @@ def benchmark_backend(backend: str, model_dir: str, extra: list[str], args, sent
         asyncio.run(closed_loop(batched.url, sentences, 8, warm_up, 60, reference, timeout))
         start_kib = batched.rss_kib()
         soak = asyncio.run(closed_loop(batched.url, sentences, 8, 10 ** 9, args.soak_seconds,
-                                       reference, timeout))
+                                       None, timeout, SOAK_LENPENS))
         end_kib = batched.rss_kib()
         soak.update(rss_start_kib=start_kib, rss_end_kib=end_kib,
                     rss_growth_percent=round(100 * (end_kib - start_kib) / start_kib, 2))
@@ -316,9 +385,8 @@ def benchmark_backend(backend: str, model_dir: str, extra: list[str], args, sent
         result["one_at_a_time"] = {}
         for clients in args.clients:
             say(f"[{backend}] one request at a time, {clients} clients")
-            result["one_at_a_time"][clients] = asyncio.run(closed_loop(
-                alone.url, sentences, clients, args.requests, args.seconds, reference,
-                timeout))
+            result["one_at_a_time"][clients] = throughput(alone.url, sentences, clients, args,
+                                                          reference, timeout)
     finally:
         result["one_at_a_time_exit_status"] = alone.stop()
     return result
@@ -376,11 +444,19 @@ def parse_args(argv):
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes, to check that it works (figures mean nothing)")
     parser.add_argument("--json-out", type=Path)
+    parser.add_argument("--load-generator", choices=("wrk", "python"),
+                        help="what drives the throughput runs (default: wrk where installed)")
     args = parser.parse_args(argv)
+    if args.load_generator is None:
+        args.load_generator = "wrk" if shutil.which("wrk") else "python"
+    elif args.load_generator == "wrk" and not shutil.which("wrk"):
+        parser.error("--load-generator wrk: wrk is not installed (apt-get install wrk)")
     if not args.fairseq and not args.ctranslate2:
         parser.error("give --fairseq MODEL_DIR, --ctranslate2 EXPORT_DIR or both")
     if args.quick:
         args.limit, args.clients, args.requests, args.seconds = 6, "1,4", 8, 20
+        if args.load_generator == "wrk":
+            args.seconds = 2
         args.overload_seconds, args.soak_seconds = 0.5, 2.0
     try:
         args.clients = [int(c) for c in args.clients.split(",")]
@@ -401,7 +477,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     reference_text = (None if args.reference is None
                       else list(iter_lines(args.reference))[:len(sentences)])
     print(f"machine: {machine()}")
+    if args.load_generator == "python":
+        print("note: wrk is not installed: the Python client drives the throughput runs, on "
+              "the cores it measures")
     results = []
+    workdir = tempfile.TemporaryDirectory(prefix="benchmark_serving.")
+    args.workdir = Path(workdir.name)
     for backend, directory, extra in (("fairseq", args.fairseq, args.fairseq_args),
                                       ("ctranslate2", args.ctranslate2, args.ctranslate2_args)):
         if directory:

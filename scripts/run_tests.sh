@@ -4,13 +4,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_venv.sh
-# The browser test of vaswani-serve's page (tests/test_serving.py) drives Debian's chromium;
-# installed here where apt-get can (as root), else that test skips saying why.
-if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 \
-   && [ "$(id -u)" = 0 ]; then
-  echo "[tests] installing chromium for the browser test (apt-get)"
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
-    >/dev/null 2>&1 || echo "[tests] chromium could not be installed: the browser test will skip"
+# Debian's packages that serve tests: chromium (the page's browser test), wrk (the serving
+# benchmark's load generator), nginx (replicas behind a load balancer). Installed here where
+# apt-get can (as root); a test whose package is missing skips, saying why.
+missing=()
+for package in chromium wrk nginx; do
+  command -v "$package" >/dev/null 2>&1 || [ -x "/usr/sbin/$package" ] || missing+=("$package")
+done
+if [ "${#missing[@]}" -gt 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  echo "[tests] installing ${missing[*]} for the tests that drive them (apt-get)"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"; } \
+    >/dev/null 2>&1 || echo "[tests] ${missing[*]}: could not be installed; their tests will skip"
 fi
 # Every process of the suite uses one thread (tests/conftest.py; the fairseq CLIs it starts get
 # OMP_NUM_THREADS=1), so the files run side by side, one pytest-xdist worker per core (at most
