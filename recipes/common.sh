@@ -191,14 +191,15 @@ ask() {
 # step_is_current DIR CONFIG [UPSTREAM...]: the step finished with these settings and inputs, its
 # outputs intact; step_is_done also logs why not; skip_step_if_done ends the script when done.
 # hold_step DIR: no other recipe works in DIR while this one runs (a lock file beside DIR, open
-# until the script ends); another is refused, naming the first.
+# until the script ends); another is refused, naming the first. share_step DIR: this script
+# works in DIR under another process's hold (a training run's nodes other than node 0).
 step_is_current() { hold_step "$1"; ask status "$@"; }
 hold_step() {
   local fd; [[ "$HELD_STEPS" != *$'\n'"$1"$'\n'* ]] || return 0
   ask lock-path "$1" && exec {fd}>>"$ANSWER" || die "cannot lock $1"
-  ask hold "$1" "$fd" "$RECIPE_CALLER" "$STEP_NAME" || die "$ANSWER"
-  HELD_STEPS+="$1"$'\n'
+  ask hold "$1" "$fd" "$RECIPE_CALLER" "$STEP_NAME" || die "$ANSWER"; share_step "$1"
 }
+share_step() { HELD_STEPS+="$1"$'\n'; }
 step_is_done() {
   step_is_current "$@" && return 0
   [ -z "$ANSWER" ] || log "redoing the step in $1: $ANSWER"; return 1

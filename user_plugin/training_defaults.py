@@ -63,11 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     default: float32 on every CPU, so that a run's numbers do not depend on the machine) or
     ``cpu --detect`` (the demo's: :func:`cpu_detected_defaults`)."""
     args = sys.argv[1:] if argv is None else list(argv)
-    if args == ["cpu"]:
-        print(*CPU_TRAINING_DEFAULTS)
-        return 0
-    if args == ["cpu", "--detect"]:
-        print(*cpu_detected_defaults())
+    if args[:1] == ["cpu"]:  # (the recipes pass the capability, 0, after it)
+        print(*(cpu_detected_defaults() if "--detect" in args[1:] else CPU_TRAINING_DEFAULTS))
         return 0
     if len(args) != 2 or args[0] != "gpu" or not args[1].isdigit():
         print("usage: training_defaults.py cpu [--detect] | gpu CAPABILITY", file=sys.stderr)

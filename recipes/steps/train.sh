@@ -283,6 +283,7 @@ run_identity() {
 # ---- the run --------------------------------------------------------------------------------
 train_args
 run_identity
+[ "$NODE_RANK" = 0 ] || share_step "$CKPT_DIR"  # node 0's recipe holds it
 if step_is_current "$CKPT_DIR" "$CONFIG" "${INPUTS[@]}"; then
   log "training $ARCH: already done ($CKPT_DIR/.done, $MAX_UPDATE updates); skipping"
   exit 0
