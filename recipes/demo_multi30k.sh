@@ -22,8 +22,8 @@
 # Rerunning continues where it stopped; finished steps are skipped.
 #
 # Environment (defaults in brackets): WORK_DIR [work_dirs/demo_multi30k], MULTI30K_DIR,
-# SETUP_VENV [1; 0: use the current environment as it is], PRECISION [bf16 where the CPU has
-# AMX or AVX-512 bf16, else fp32], ARCH [vaswani_base; transformer:
+# SETUP_VENV [1; 0: use the current environment as it is], PRECISION [fp32; bf16: see
+# docs/recipes.md], ARCH [vaswani_base; transformer:
 # fairseq's own, as recipes/parity_multi30k.sh trains it], RUN_DIR [$WORK_DIR/base], BPE_OPS
 # [8000], MAX_UPDATE [1800], MAX_TOKENS [2048], WARMUP_UPDATES [800], SAVE_INTERVAL_UPDATES
 # [100], LOG_INTERVAL [50], EVAL_BLEU [1; 0: validation loss only], DEMO_MODEL_ARGS [d_model
@@ -96,18 +96,8 @@ fi
 
 # ---- the demo's model and schedule (paper's recipe, scaled down for 2 CPU cores) -------------
 export BPE_OPS=${BPE_OPS:-8000}
-export MODEL=base DEVICE=cpu
+export MODEL=base DEVICE=cpu PRECISION=${PRECISION:-fp32}
 export ARCH=${ARCH:-vaswani_base}
-# bf16 where the CPU multiplies bf16 matrices in hardware, for our model (fairseq's own
-# --bf16 means a TPU)
-if [ -z "${PRECISION:-}" ] && [[ "$ARCH" == vaswani_* ]]; then
-  read -r PRECISION _ <<< "$(python "$PLUGIN_DIR/training_defaults.py" cpu --detect)"
-  if [ "$PRECISION" = bf16 ]; then
-    log "this CPU multiplies bf16 matrices in hardware (AMX or AVX-512 bf16): training in bf16" \
-      "with float32 master weights (PRECISION=fp32 to train in float32)"
-  fi
-fi
-export PRECISION=${PRECISION:-fp32}
 export RUN_DIR=${RUN_DIR:-$WORK_DIR/$MODEL}
 unset DATA_BIN             # the data steps' default layout below WORK_DIR
 export TEST_SET_NAME=${TEST_SET_NAME:-Multi30k test_2016_flickr}

@@ -286,26 +286,3 @@ def test_the_recipes_gpu_defaults_come_from_training_defaults():
     assert "OPTIMIZER=${OPTIMIZER:-$DEVICE_OPTIMIZER}" in (
         REPO / "recipes" / "steps" / "train.sh").read_text(encoding="utf-8")
 
-
-def test_the_demo_trains_in_bf16_exactly_where_the_cpu_has_bf16_matrix_products(tmp_path):
-    """``training_defaults.py cpu --detect`` (read by recipes/demo_multi30k.sh) is bf16 where
-    /proc/cpuinfo lists AMX or AVX-512 bf16, float32 elsewhere; the recipes' own CPU default
-    stays float32 on every machine."""
-    import subprocess
-
-    from user_plugin.training_defaults import CPU_BF16_FLAGS, cpu_bf16_flags
-
-    cpuinfo = tmp_path / "cpuinfo"
-    for flags, expected in (("fpu sse avx2 avx512f", []),
-                            ("fpu avx512f avx512_bf16 amx_tile amx_bf16",
-                             ["amx_bf16", "avx512_bf16"])):
-        cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n\n", encoding="utf-8")
-        assert cpu_bf16_flags(str(cpuinfo)) == expected
-    assert cpu_bf16_flags(str(tmp_path / "absent")) == []
-    script = REPO / "user_plugin" / "training_defaults.py"
-    detected = subprocess.run([sys.executable, str(script), "cpu", "--detect"],
-                              capture_output=True, text=True, check=True).stdout.split()
-    assert detected == (["bf16", "adam"] if cpu_bf16_flags() else ["fp32", "adam"])
-    assert set(CPU_BF16_FLAGS) == {"amx_bf16", "avx512_bf16"}
-    demo = (REPO / "recipes" / "demo_multi30k.sh").read_text(encoding="utf-8")
-    assert 'training_defaults.py" cpu --detect' in demo
