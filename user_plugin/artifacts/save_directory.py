@@ -164,9 +164,11 @@ def vocabulary_sizes_fit(state: dict, task) -> bool:
 ANNOUNCED_SECTIONS = ("optimization", "optimizer", "lr_scheduler", "criterion")
 ANNOUNCED_OPTIONS = {"dataset": ("max_tokens", "batch_size"),
                      "model": tuple(sorted(NOT_ARCHITECTURE_OPTIONS))}
-#: Options that name no training setting (the section's registered name is announced as
-#: ``--<section>``).
-_NOT_SETTINGS = frozenset({"_parent", "tpu", "lr_scheduler_name"})
+#: Entries that are not settings of their own: copies of ``optimization.lr`` and of the model's
+#: width that fairseq interpolates into other sections (announced once, where they are set),
+#: and the device flag (a section's registered ``_name`` is announced as ``--<section>``).
+_NOT_SETTINGS = frozenset({("optimizer", "lr"), ("lr_scheduler", "lr"),
+                           ("lr_scheduler", "model_embed_dim"), ("optimizer", "tpu")})
 
 
 def _plain(value):
@@ -201,7 +203,7 @@ def settings_changes(state: dict, path: Path, cfg) -> list[str]:
         if not isinstance(stored, dict) or current is None:
             continue
         for name in names or sorted(stored):
-            if name in _NOT_SETTINGS or name not in stored or name not in current:
+            if (section, name) in _NOT_SETTINGS or name not in stored or name not in current:
                 continue
             before, now = _plain(stored[name]), _plain(current[name])
             if before == now or (names is None and isinstance(now, dict)):

@@ -145,10 +145,11 @@ def one_line_excepthook(previous: Callable) -> Callable:
         if isinstance(error, BrokenPipeError):  # the reader of standard output went away
             silence_stdout()
             return
-        line = str(error) if isinstance(error, UserError) else one_line_cause(error)
         if isinstance(error, UnicodeEncodeError):
             line = encoding_problem(error)
             silence_stdout()
+        else:
+            line = str(error) if isinstance(error, UserError) else one_line_cause(error)
         if line is not None:
             print(f"{prog}: error: {line}", file=sys.stderr, flush=True)
         else:
