@@ -5,10 +5,8 @@
 RECIPES_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(cd "$RECIPES_DIR/.." && pwd)
 PLUGIN_DIR="$REPO_DIR/user_plugin"
-SCRIPTS_DIR="$REPO_DIR/scripts"
-PREPARE_TEXT=vaswani-prepare-text
-PAIRS_DIR="$RECIPES_DIR/pairs"
-STEP_NAME=${STEP_NAME:-recipe}
+SCRIPTS_DIR="$REPO_DIR/scripts" PREPARE_TEXT=vaswani-prepare-text
+PAIRS_DIR="$RECIPES_DIR/pairs" STEP_NAME=${STEP_NAME:-recipe}
 export RECIPE_CALLER=${RECIPE_CALLER:-"$(basename "$0") (pid $$, started $(date '+%F %T'))"}
 HELD_STEPS=$'\n'
 
@@ -120,10 +118,10 @@ model_defaults() {
   require_int MAX_UPDATE; require_int AVERAGE_LAST; require_int SAVE_INTERVAL_UPDATES
 }
 
-# detect_device: DEVICE [gpu when torch sees one, else cpu], NUM_GPUS, VISIBLE_GPUS, PRECISION
-# and DEVICE_OPTIMIZER [user_plugin/training_defaults.py's for the device], PRECISION_ARGS.
+# detect_device: DEVICE [gpu when torch sees one, else cpu], NUM_GPUS, VISIBLE_GPUS, PRECISION,
+# DEVICE_OPTIMIZER [user_plugin/training_defaults.py's for the device, and why], PRECISION_ARGS.
 detect_device() {
-  local capability defaults
+  local capability defaults precision
   read -r VISIBLE_GPUS capability <<< "$(python -c 'import torch
 n = torch.cuda.device_count()
 print(n, min((torch.cuda.get_device_capability(i)[0] for i in range(n)), default=0))' \
@@ -139,8 +137,10 @@ print(n, min((torch.cuda.get_device_capability(i)[0] for i in range(n)), default
     cpu) NUM_GPUS=0 ;;
     *) die "DEVICE must be gpu or cpu, got '$DEVICE'" ;;
   esac
-  defaults=$(python "$PLUGIN_DIR/training_defaults.py" "$DEVICE" "$capability") || exit 1
-  PRECISION=${PRECISION:-${defaults% *}} DEVICE_OPTIMIZER=${defaults#* }
+  defaults=$(cd "$REPO_DIR" && python -m user_plugin.training_defaults "$DEVICE" "$capability")
+  read -r precision DEVICE_OPTIMIZER PRECISION_WHY <<< "$defaults" || exit 1
+  [ -z "${PRECISION:-}" ] || PRECISION_WHY="PRECISION=$PRECISION"
+  PRECISION=${PRECISION:-$precision}
   case "$PRECISION" in
     fp32) PRECISION_ARGS=() ;;
     fp16|bf16) PRECISION_ARGS=("--$PRECISION") ;;

@@ -22,10 +22,10 @@
 # Rerunning continues where it stopped; finished steps are skipped.
 #
 # Environment (defaults in brackets): WORK_DIR [work_dirs/demo_multi30k], MULTI30K_DIR,
-# SETUP_VENV [1; 0: use the current environment as it is], PRECISION [fp32; bf16: see
-# docs/recipes.md], ARCH [vaswani_base; transformer:
+# SETUP_VENV [1; 0: use the current environment as it is], PRECISION [bf16 where the CPU has
+# AVX-512 bf16 or AMX, else fp32: see docs/recipes.md], ARCH [vaswani_base; transformer:
 # fairseq's own, as recipes/parity_multi30k.sh trains it], RUN_DIR [$WORK_DIR/base], BPE_OPS
-# [8000], MAX_UPDATE [1800], MAX_TOKENS [2048], WARMUP_UPDATES [800], SAVE_INTERVAL_UPDATES
+# [8000], MAX_UPDATE [1200], MAX_TOKENS [2048], WARMUP_UPDATES [500], SAVE_INTERVAL_UPDATES
 # [100], LOG_INTERVAL [50], EVAL_BLEU [1; 0: validation loss only], DEMO_MODEL_ARGS [d_model
 # 256, 3+3 layers, d_ff 1024, 4 heads, dropout 0.1], plus those of recipes/steps/*.sh
 # (AVERAGE_LAST [the paper's base: 5], SEED [1], TASK, BEAM, ...).
@@ -96,24 +96,28 @@ fi
 
 # ---- the demo's model and schedule (paper's recipe, scaled down for 2 CPU cores) -------------
 export BPE_OPS=${BPE_OPS:-8000}
-export MODEL=base DEVICE=cpu PRECISION=${PRECISION:-fp32}
+export MODEL=base DEVICE=cpu
 export ARCH=${ARCH:-vaswani_base}
 export RUN_DIR=${RUN_DIR:-$WORK_DIR/$MODEL}
 unset DATA_BIN             # the data steps' default layout below WORK_DIR
 export TEST_SET_NAME=${TEST_SET_NAME:-Multi30k test_2016_flickr}
-export MAX_UPDATE=${MAX_UPDATE:-1800}
+export MAX_UPDATE=${MAX_UPDATE:-1200}
 export MAX_TOKENS=${MAX_TOKENS:-2048}
 export TOKENS_PER_STEP=${TOKENS_PER_STEP:-$MAX_TOKENS}
-export WARMUP_UPDATES=${WARMUP_UPDATES:-800}
+export WARMUP_UPDATES=${WARMUP_UPDATES:-500}
 export SAVE_INTERVAL_UPDATES=${SAVE_INTERVAL_UPDATES:-100}
 export LOG_INTERVAL=${LOG_INTERVAL:-50}
 EVAL_BLEU=${EVAL_BLEU:-1}
 DEMO_MODEL_ARGS=${DEMO_MODEL_ARGS:-"--encoder-layers 3 --decoder-layers 3 --encoder-embed-dim 256 --decoder-embed-dim 256 --encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024 --encoder-attention-heads 4 --decoder-attention-heads 4 --dropout 0.1"}
 # Validation BLEU at every checkpoint, decoded as the paper does (§6.1) through the task
 # vaswani_translation; the BPE-split, Moses-tokenized hypotheses and references lose the BPE
-# and are Moses-detokenized before sacreBLEU. Validation runs at the checkpoints only, not also
-# at the end of each epoch (--validate-interval beyond the run's epochs): decoding is what
-# costs. No spaces inside the JSON: EXTRA_ARGS is split on whitespace.
+# and are Moses-detokenized before sacreBLEU. Decoding is what costs, so validation runs only at
+# the checkpoints that are averaged (the last AVERAGE_LAST), not at the end of each epoch
+# (--validate-interval beyond the run's epochs). No spaces inside the JSON: EXTRA_ARGS is split
+# on whitespace.
+AVERAGE_LAST=${AVERAGE_LAST:-$PAPER_BASE_AVERAGE_LAST}
+require_int MAX_UPDATE; require_int AVERAGE_LAST; require_int SAVE_INTERVAL_UPDATES
+VALIDATE_FROM=$(( MAX_UPDATE - (AVERAGE_LAST - 1) * SAVE_INTERVAL_UPDATES ))
 VALIDATION_ARGS=""
 case "$EVAL_BLEU" in
   1)
@@ -122,7 +126,7 @@ case "$EVAL_BLEU" in
     VALIDATION_ARGS+=" --eval-bleu-remove-bpe --eval-bleu-detok moses"
     VALIDATION_ARGS+=" --eval-bleu-detok-args {\"target_lang\":\"de\"}"
     VALIDATION_ARGS+=" --best-checkpoint-metric bleu --maximize-best-checkpoint-metric"
-    VALIDATION_ARGS+=" --validate-interval 1000"
+    VALIDATION_ARGS+=" --validate-interval 1000 --validate-after-updates $VALIDATE_FROM"
     ;;
   0) ;;
   *) die "EVAL_BLEU must be 1 or 0, got '$EVAL_BLEU'" ;;
@@ -137,7 +141,7 @@ export EXTRA_ARGS="$DEMO_MODEL_ARGS $SCHEDULE_ARGS $VALIDATION_ARGS ${EXTRA_ARGS
 log "Multi30k demo in $WORK_DIR: BPE $BPE_OPS merges; $ARCH, $MAX_UPDATE updates of <= $MAX_TOKENS tokens, into $RUN_DIR"
 log "model: $DEMO_MODEL_ARGS"
 if [ "$EVAL_BLEU" = 1 ]; then
-  log "validation loss and BLEU (beam $PAPER_BEAM, alpha $PAPER_LENPEN) every $SAVE_INTERVAL_UPDATES updates"
+  log "validation loss and BLEU (beam $PAPER_BEAM, alpha $PAPER_LENPEN) every $SAVE_INTERVAL_UPDATES updates from update $VALIDATE_FROM"
 fi
 
 bash "$RECIPES_DIR/run_all.sh" wmt14_en_de

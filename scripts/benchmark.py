@@ -31,13 +31,16 @@ growth over the resident size before the measured work; on a GPU
 ``torch.cuda.max_memory_allocated``.
 ``--dtype bf16`` trains as ``fairseq-train --bf16 --amp`` does with the plugin
 (:mod:`user_plugin.fairseq_patches.precision`): float32 weights and Adam state, the criterion's
-forward pass (model and loss) under bfloat16 autocast; it decodes under the same autocast. It
-runs on a CPU too. ``--dtype fp16`` (CUDA only) uses ``torch.autocast(float16)`` with a
-``GradScaler``, which is not fairseq's ``--fp16`` (float16 weights). ``--device cuda`` reports
-model FLOPs utilisation
-(MFU) of training. The GPU figures that users would compare come from
-``scripts/gpu_check/run_check.py`` (``fairseq-train`` itself); this script's CUDA path has not
-been run on a GPU.
+forward pass (model and loss) under bfloat16 autocast; it decodes under the same autocast. It runs
+on a CPU too. ``--dtype fp16`` (CUDA only) uses ``torch.autocast(float16)`` with a ``GradScaler``,
+which is not fairseq's ``--fp16`` (float16 weights). Training's model FLOPs per second
+(``user_plugin/measurement/flops.py`` on the padded batches) are reported for both models; on a CPU
+the benchmark also measures, in the same run, the CPU's matrix-multiply peak with this torch build
+and ``--threads`` (fp32, and bf16 where the CPU has bf16 instructions;
+``user_plugin/measurement/cpu.py``) and reports training's fraction of it, with the CPU's name and
+flags. ``--device cuda`` reports model FLOPs utilisation (MFU) against the GPU's tensor-core peak.
+The GPU figures that users would compare come from ``scripts/gpu_check/run_check.py`` (``fairseq-
+train`` itself); this script's CUDA path has not been run on a GPU.
 
 Example (the default small model, a few minutes on 2 CPU cores)::
 
@@ -540,11 +543,10 @@ def train_measure(args, model, task, impl, cfg, vocab, device, autocast, warmup,
     result = {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds,
               "step_ms": 1000 * statistics.median(times),
               "first_loss": losses[0], **memory.result()}
+    result["tflops"] = training_flops(cfg, vocab, samples) / seconds / 1e12
     if device == "cuda":
         peak = peak_flops(args)
-        flops = training_flops(cfg, vocab, samples)
-        result["tflops"] = flops / seconds / 1e12
-        result["mfu"] = flops / seconds / peak if peak else None
+        result["mfu"] = result["tflops"] * 1e12 / peak if peak else None
     return result
 
 
@@ -673,7 +675,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         prepare(args, work)
         results: Dict[str, Any] = {"config": argv_spec, "machine": machine_info(args)}
         rows = []
+        report_notes: List[str] = []
         modes = [m for m in ("train", "decode") if m not in skip]
+        peaks = cpu_matmul_peaks(args) if args.device == "cpu" and "train" in modes else {}
         runs: Dict[str, Dict[str, List[dict]]] = {m: {i: [] for i in IMPLS} for m in modes}
         for repeat in range(args.repeats):
             order = IMPLS if repeat % 2 == 0 else IMPLS[::-1]
@@ -688,8 +692,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             rows += [("training target tokens/s", summarize(runs["train"], "tokens_per_s")),
                      ("training peak memory (MB)", summarize(runs["train"], "peak_mb")),
                      ("training memory growth (MB)", summarize(runs["train"], "growth_mb"))]
-            if args.device == "cuda":
-                rows.append(("training TFLOP/s", summarize(runs["train"], "tflops")))
+            rows.append(("training model TFLOP/s", summarize(runs["train"], "tflops")))
+            for key, value in cpu_matmul_peaks(args, peaks).items():
+                peaks[key] = value
+                for impl in IMPLS:
+                    for run in runs["train"][impl]:
+                        run[f"{key}_peak_fraction"] = run["tflops"] * 1e12 / value
+                rows.append((f"fraction of the CPU's {key} matmul peak",
+                             summarize(runs["train"], f"{key}_peak_fraction")))
+            if peaks:
+                results["matmul_peak_tflops"] = {k: v / 1e12 for k, v in peaks.items()}
+                report_notes.append(cpu_peak_note(args, peaks))
         if "decode" in runs:
             rows += [("beam-4 sentences/s", summarize(runs["decode"], "sentences_per_s")),
                      ("beam-4 tokens/s", summarize(runs["decode"], "tokens_per_s")),
@@ -701,7 +714,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if "decode" in runs:
             report.append(f"\nidentical beam-search hypotheses: {results['identical_hypotheses']}")
         if rows:
-            report.append(STOCK_NOTE)
+            report += [STOCK_NOTE, *report_notes]
         if "sweep" not in skip and sweep_lengths(args):
             sweep = run_sweep(args, argv_spec, work)
             results["sweep"] = sweep
@@ -787,22 +800,40 @@ def sweep_table(rows: List[dict]) -> str:
     return markdown_table(header, body)
 
 
+def cpu_matmul_peaks(args, earlier: Optional[Dict[str, float]] = None) -> Dict[str, float]:
+    """The CPU's matrix-multiply peak (FLOP/s) with this torch build and ``--threads``, in fp32
+    and, where the CPU has bf16 instructions, bf16; measured before and after the runs, the
+    better of the two kept (``earlier``: the first measurement)."""
+    from user_plugin.measurement.cpu import has_bf16_instructions, matmul_peak
+
+    torch.set_num_threads(args.threads)
+    dtypes = {"fp32": torch.float32}
+    if has_bf16_instructions():
+        dtypes["bf16"] = torch.bfloat16
+    earlier = earlier or {}
+    return {key: max(matmul_peak(dtype), earlier.get(key, 0.0)) for key, dtype in dtypes.items()}
+
+
+def cpu_peak_note(args, peaks: Dict[str, float]) -> str:
+    from user_plugin.measurement.cpu import cpu_flags, cpu_name
+
+    measured = ", ".join(f"{key} {value / 1e9:,.0f} GFLOP/s" for key, value in peaks.items())
+    return (f"CPU: {cpu_name()}, flags {' '.join(cpu_flags()) or 'none of note'}; matmul peak "
+            f"(2048x2048, {args.threads} threads, this torch): {measured}. Model FLOPs: "
+            "user_plugin/measurement/flops.py on the padded batches.")
+
+
 def machine_info(args) -> Dict[str, Any]:
     import platform
 
     import fairseq
 
+    from user_plugin.measurement.cpu import cpu_flags, cpu_name
+
     info = {"python": platform.python_version(), "torch": torch.__version__,
-            "fairseq": fairseq.__version__, "cpu": platform.processor() or platform.machine(),
+            "fairseq": fairseq.__version__, "cpu": cpu_name(), "cpu_flags": cpu_flags(),
             "cores": os.cpu_count(), "threads": args.threads,
             "load_average": os.getloadavg()}
-    try:
-        with open("/proc/cpuinfo") as handle:
-            names = [x.split(":", 1)[1].strip() for x in handle if x.startswith("model name")]
-        if names:
-            info["cpu"] = names[0]
-    except OSError:
-        pass
     if args.device == "cuda":
         info["gpu"] = torch.cuda.get_device_name()
     return info

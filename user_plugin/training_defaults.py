@@ -1,12 +1,14 @@
-"""The precision and optimizer that training on a CUDA GPU uses by default: the one place that
-changes when the GPU check's steady-state speed section (docs/gpu_check.md) shows another
-combination faster than today's against stock fairseq.
+"""The precision and optimizer that training uses by default on a CUDA GPU and on a CPU: the one
+place that changes when a measurement shows another combination faster.
 
-Until a GPU run has measured the plugin's float32-master ``--bf16`` / ``--fp16`` and
-``vaswani_adam`` there, these are the recipes' defaults as they were: bf16 on GPUs of compute
-capability 8 or more (fp16 below), fairseq's ``adam``. ``python user_plugin/training_defaults.py
-gpu CAPABILITY`` (or ``cpu``) prints ``PRECISION OPTIMIZER`` for a GPU of that compute
-capability (major version), or a CPU: the recipes' ``detect_device`` reads it.
+On a CUDA GPU, until a GPU run has measured the plugin's float32-master ``--bf16`` / ``--fp16``
+and ``vaswani_adam`` there (the GPU check's steady-state section, docs/gpu_check.md): bf16 on
+compute capability 8 or more, fp16 below, fairseq's ``adam``. On a CPU: bf16 (bf16 weights,
+float32 masters) where the CPU multiplies bf16 matrices in hardware (AVX-512 bf16 or AMX), where
+it trains the demo's model 1.27x faster than float32 at the same losses (docs/recipes.md), and
+float32 elsewhere. ``python -m user_plugin.training_defaults gpu CAPABILITY`` (or ``cpu``)
+prints ``PRECISION OPTIMIZER WHY``, WHY being the rest of the line: the recipes'
+``detect_device`` reads it and the train step logs WHY.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from typing import Dict
+
+from user_plugin.measurement.cpu import BF16_FLAGS, cpu_flags
 
 #: On a CUDA GPU of compute capability >= 8 (A100, H100, H200...).
 CUDA_TRAINING_DEFAULTS: Dict[str, str] = {"precision": "bf16", "optimizer": "adam"}
@@ -28,20 +32,31 @@ def cuda_defaults(capability: int) -> tuple[str, str]:
     return precision, CUDA_TRAINING_DEFAULTS["optimizer"]
 
 
-#: On a CPU: float32, fairseq's ``adam``.
-CPU_TRAINING_DEFAULTS = ("fp32", "adam")
+#: On a CPU: fairseq's ``adam``; the precision by :func:`cpu_precision`.
+CPU_OPTIMIZER = "adam"
+
+
+def cpu_precision(flags: Sequence[str]) -> tuple[str, str]:
+    """The training precision on a CPU with instruction-set ``flags``, and why."""
+    units = [flag for flag in flags if flag in BF16_FLAGS]
+    if units:
+        return "bf16", (f"this CPU multiplies bf16 in hardware ({' '.join(units)}): bf16 weights "
+                        "and activations, float32 master weights; PRECISION=fp32 trains in fp32")
+    return "fp32", "this CPU has no bf16 matrix instructions (AVX-512 bf16 or AMX)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Print ``PRECISION OPTIMIZER`` for ``gpu CAPABILITY`` or ``cpu``."""
+    """Print ``PRECISION OPTIMIZER WHY`` for ``gpu CAPABILITY`` or ``cpu``."""
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] == ["cpu"]:
-        print(*CPU_TRAINING_DEFAULTS)
+        precision, why = cpu_precision(cpu_flags())
+        print(precision, CPU_OPTIMIZER, why)
         return 0
     if len(args) != 2 or args[0] != "gpu" or not args[1].isdigit():
-        print("usage: training_defaults.py cpu | gpu CAPABILITY", file=sys.stderr)
+        print("usage: python -m user_plugin.training_defaults cpu | gpu CAPABILITY",
+              file=sys.stderr)
         return 2
-    print(*cuda_defaults(int(args[1])))
+    print(*cuda_defaults(int(args[1])), f"a CUDA GPU of compute capability {args[1]}")
     return 0
 
 

@@ -23,8 +23,8 @@
 # the pair's big one], MAX_UPDATE [paper: 100000 | 300000], WARMUP_UPDATES [paper: 4000],
 # LABEL_SMOOTHING [paper: 0.1], MAX_TOKENS [4096: a batch's bound], TOKENS_PER_STEP [paper: 25000],
 # UPDATE_FREQ [computed], DEVICE [gpu when torch sees one, else cpu], NUM_GPUS [all visible:
-# GPUs per node], PRECISION [GPU: bf16 with compute capability >= 8, else fp16; CPU: fp32;
-# fp16|bf16|fp32], NNODES [1, or Slurm's SLURM_NNODES], NODE_RANK [0, or
+# GPUs per node], PRECISION [GPU: bf16 with compute capability >= 8, else fp16; CPU: bf16 where
+# it has AVX-512 bf16 or AMX, else fp32; fp16|bf16|fp32], NNODES [1, or Slurm's SLURM_NNODES], NODE_RANK [0, or
 # SLURM_NODEID], MASTER_ADDR [node 0's address; under Slurm the first host of
 # SLURM_JOB_NODELIST], MASTER_PORT [29500; under Slurm 20000 + SLURM_JOB_ID mod 40000],
 # SAVE_INTERVAL_UPDATES [paper: 1500 | 600, every 10 minutes], AVERAGE_LAST [paper: 5 | 20:
@@ -235,7 +235,8 @@ train_args() {
 
 # run_training: fairseq-train with TRAIN_ARGS, its output on stdout and appended to TRAIN_LOG.
 run_training() {
-  log "training $ARCH ($MODEL) on $DEVICE ($PRECISION) for $MAX_UPDATE updates into $CKPT_DIR"
+  log "training $ARCH ($MODEL) on $DEVICE for $MAX_UPDATE updates into $CKPT_DIR"
+  log "precision $PRECISION: $PRECISION_WHY"
   if ! run fairseq-train "${TRAIN_ARGS[@]}" 2>&1 | tee -a "$TRAIN_LOG"; then
     die "fairseq-train failed (exit ${PIPESTATUS[0]}); its output: $TRAIN_LOG"
   fi
