@@ -25,7 +25,7 @@
 # SETUP_VENV [1; 0: use the current environment as it is], PRECISION [bf16 where the CPU has
 # AVX-512 bf16 or AMX, else fp32: see docs/recipes.md], ARCH [vaswani_base; transformer:
 # fairseq's own, as recipes/parity_multi30k.sh trains it], RUN_DIR [$WORK_DIR/base], BPE_OPS
-# [8000], MAX_UPDATE [1200], MAX_TOKENS [2048], WARMUP_UPDATES [500], SAVE_INTERVAL_UPDATES
+# [8000], MAX_UPDATE [1800], MAX_TOKENS [2048], WARMUP_UPDATES [800], SAVE_INTERVAL_UPDATES
 # [100], LOG_INTERVAL [50], EVAL_BLEU [1; 0: validation loss only], DEMO_MODEL_ARGS [d_model
 # 256, 3+3 layers, d_ff 1024, 4 heads, dropout 0.1], plus those of recipes/steps/*.sh
 # (AVERAGE_LAST [the paper's base: 5], SEED [1], TASK, BEAM, ...).
@@ -101,10 +101,10 @@ export ARCH=${ARCH:-vaswani_base}
 export RUN_DIR=${RUN_DIR:-$WORK_DIR/$MODEL}
 unset DATA_BIN             # the data steps' default layout below WORK_DIR
 export TEST_SET_NAME=${TEST_SET_NAME:-Multi30k test_2016_flickr}
-export MAX_UPDATE=${MAX_UPDATE:-1200}
+export MAX_UPDATE=${MAX_UPDATE:-1800}
 export MAX_TOKENS=${MAX_TOKENS:-2048}
 export TOKENS_PER_STEP=${TOKENS_PER_STEP:-$MAX_TOKENS}
-export WARMUP_UPDATES=${WARMUP_UPDATES:-500}
+export WARMUP_UPDATES=${WARMUP_UPDATES:-800}
 export SAVE_INTERVAL_UPDATES=${SAVE_INTERVAL_UPDATES:-100}
 export LOG_INTERVAL=${LOG_INTERVAL:-50}
 EVAL_BLEU=${EVAL_BLEU:-1}

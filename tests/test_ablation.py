@@ -34,7 +34,8 @@ def recipe_env(data_bin: Path, ablation_dir: Path, **extra: str) -> dict:
         VIRTUAL_ENV=sys.prefix,
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
         DATA_BIN=str(data_bin), ABLATION_DIR=str(ablation_dir),
-        VARIANTS=",".join(VARIANTS), DEVICE="cpu", MAX_UPDATE="30", MAX_TOKENS="2000",
+        VARIANTS=",".join(VARIANTS), DEVICE="cpu", PRECISION="fp32", MAX_UPDATE="30",
+        MAX_TOKENS="2000",
         UPDATE_FREQ="1", WARMUP_UPDATES="10", REMOVE_BPE="", EVAL_MAX_TOKENS="4000", MAX_LEN_B="10",
         EXTRA_ARGS=TINY_EXTRA_ARGS, EVAL_ARGS="--num-workers 0",
     )

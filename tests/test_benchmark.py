@@ -44,6 +44,17 @@ def test_benchmark_runs_both_models_on_the_same_work_and_reports_ratios(tmp_path
     summary = result["summary"]["training target tokens/s"]
     assert math.isclose(summary["ratio"], summary["ours"] / summary["builtin"])
     assert "| training target tokens/s |" in proc.stdout
+    # the CPU efficiency figure: model FLOP/s over the CPU's own matmul peak, measured in the run
+    peaks = result["matmul_peak_tflops"]
+    assert peaks["fp32"] > 0 and set(peaks) in ({"fp32"}, {"fp32", "bf16"})
+    assert ("bf16" in peaks) == bool({"avx512_bf16", "amx_bf16"}
+                                     & set(result["machine"]["cpu_flags"]))
+    fraction = result["summary"]["fraction of the CPU's fp32 matmul peak"]
+    for impl, run in (("ours", ours), ("builtin", builtin)):
+        assert math.isclose(fraction[impl], run["tflops"] / peaks["fp32"], rel_tol=1e-9)
+        assert 0 < fraction[impl] < 1
+    assert "| fraction of the CPU's fp32 matmul peak |" in proc.stdout
+    assert f"CPU: {result['machine']['cpu']}, flags " in proc.stdout
     assert "identical beam-search hypotheses: True" in proc.stdout
     # the built-in is stock fairseq: every one of its runs had neither the plugin nor a patch
     builtin_runs = [*result["runs"]["train"]["builtin"], *result["runs"]["decode"]["builtin"],

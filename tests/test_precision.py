@@ -270,6 +270,54 @@ def test_recipe_precision_settings_fail_with_one_line(tmp_path):
         "train: error: PRECISION must be fp16, bf16 or fp32, got 'fp8'")
 
 
+def test_a_cpu_trains_bf16_where_it_multiplies_bf16_in_hardware_and_says_why():
+    """The recipes' default precision on a CPU follows its flags (AVX-512 bf16 or AMX: bf16,
+    else fp32); ``detect_device`` takes it unless PRECISION is set, with the reason the train
+    step logs."""
+    from test_recipes import run_with_common
+
+    from user_plugin.measurement.cpu import cpu_flags
+    from user_plugin.training_defaults import cpu_precision
+
+    assert cpu_precision(["avx2", "avx512f"])[0] == "fp32"
+    for flags in (["avx512_bf16"], ["amx_tile", "amx_bf16"]):
+        precision, why = cpu_precision(flags)
+        assert precision == "bf16" and flags[-1] in why and "PRECISION=fp32" in why
+    script = ('source "$COMMON"; activate_venv; DEVICE=cpu; unset PRECISION; detect_device; '
+              'echo "$PRECISION|${PRECISION_ARGS[*]}|$PRECISION_WHY"')
+    chosen = run_with_common(script)
+    precision, why = cpu_precision(cpu_flags())
+    assert chosen.stdout.strip() == (f"{precision}|{'--bf16' if precision == 'bf16' else ''}|"
+                                     f"{why}"), chosen.stderr
+    given = run_with_common(script.replace("unset PRECISION", "PRECISION=fp32"))
+    assert given.stdout.strip() == "fp32||PRECISION=fp32", given.stderr
+
+
+def test_bf16_cpu_training_attention_is_written_out_and_computes_the_same():
+    """bf16 training on a CPU bypasses the fused attention kernel (its backward is slow there)
+    for the written-out formula: the same context and gradients, to bf16's precision;
+    float32, and bf16 without gradients, keep the fused kernel."""
+    from user_plugin.modules import scaled_dot_product as sdp
+
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, 2, 7, 8, generator=generator) for _ in range(3))
+    mask = torch.ones(3, 1, 1, 7, dtype=torch.bool)
+    mask[0, ..., 5:] = False
+
+    def run(dtype):
+        leaves = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+        assert sdp.fused_is_slow(leaves[0]) == (dtype == torch.bfloat16)
+        context, weights = sdp.attend(*leaves, mask=mask, is_causal=True)
+        assert weights is None
+        context.float().pow(2).sum().backward()
+        return [context.float(), *(leaf.grad.float() for leaf in leaves)]
+
+    for ours, reference in zip(run(torch.bfloat16), run(torch.float32)):
+        assert torch.allclose(ours, reference, atol=0.06, rtol=0.05)
+    with torch.no_grad():
+        assert not sdp.fused_is_slow(q.bfloat16().requires_grad_())
+
+
 # --------------------------------------------------------------------------------------------
 # fp16
 

@@ -267,22 +267,22 @@ def test_a_directory_that_a_live_training_uses_is_never_emptied(tmp_path):
 
 
 def test_the_recipes_gpu_defaults_come_from_training_defaults():
-    """recipes/common.sh reads the CUDA precision and optimizer from the one place that the
-    GPU kit's figures change (user_plugin/training_defaults.py)."""
+    """recipes/common.sh reads the precision and optimizer, and why, from the one place that the
+    GPU kit's figures and the CPU measurements change (user_plugin/training_defaults.py)."""
     import subprocess
 
-    from user_plugin.training_defaults import CUDA_TRAINING_DEFAULTS
+    from user_plugin.measurement.cpu import cpu_flags
+    from user_plugin.training_defaults import CUDA_TRAINING_DEFAULTS, cpu_precision
 
-    script = REPO / "user_plugin" / "training_defaults.py"
+    def defaults(*args: str) -> list:
+        return subprocess.run([sys.executable, "-m", "user_plugin.training_defaults", *args],
+                              cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+
     for capability, precision in (("7", "fp16"), ("9", CUDA_TRAINING_DEFAULTS["precision"])):
-        out = subprocess.run([sys.executable, str(script), "gpu", capability],
-                             capture_output=True, text=True, check=True).stdout.split()
-        assert out == [precision, CUDA_TRAINING_DEFAULTS["optimizer"]]
-    out = subprocess.run([sys.executable, str(script), "cpu"], capture_output=True, text=True,
-                         check=True).stdout.split()
-    assert out == ["fp32", "adam"]
+        assert defaults("gpu", capability)[:2] == [precision, CUDA_TRAINING_DEFAULTS["optimizer"]]
+    assert defaults("cpu")[:2] == [cpu_precision(cpu_flags())[0], "adam"]
     common = (REPO / "recipes" / "common.sh").read_text(encoding="utf-8")
-    assert 'python "$PLUGIN_DIR/training_defaults.py" "$DEVICE" "$capability"' in common
+    assert 'python -m user_plugin.training_defaults "$DEVICE" "$capability"' in common
     assert "OPTIMIZER=${OPTIMIZER:-$DEVICE_OPTIMIZER}" in (
         REPO / "recipes" / "steps" / "train.sh").read_text(encoding="utf-8")
 

@@ -63,9 +63,11 @@ def generation_task() -> str:
 
 
 def recipe_env(**overrides: str) -> dict:
-    """The environment for a recipe: this interpreter's bin directory first on PATH."""
+    """The environment for a recipe: this interpreter's bin directory first on PATH, float32
+    (the same tiny-model runs on every CPU, with or without bf16 instructions)."""
     env = {key: value for key, value in os.environ.items() if key not in RECIPE_VARIABLES}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PRECISION"] = "fp32"
     env.update({key: str(value) for key, value in overrides.items()})
     return env
 

@@ -12,7 +12,7 @@
 # Environment (defaults in brackets): ARCH [vaswani_parsing_wsj], DROPOUT [0.1], LR_SCALE [1]
 # (times equation 3), WARMUP_UPDATES [4000], LABEL_SMOOTHING [0.1], MAX_UPDATE [100000],
 # MAX_TOKENS [4096 per GPU], TOKENS_PER_STEP [25000], UPDATE_FREQ [computed], DEVICE [gpu when
-# torch sees one], NUM_GPUS [all], PRECISION [fp16 on GPU, fp32 on CPU], SEED [1],
+# torch sees one], NUM_GPUS [all], PRECISION [as recipes/steps/train.sh chooses], SEED [1],
 # LOG_INTERVAL [100], EXTRA_ARGS [none; more fairseq-train options], START_OVER [0],
 # WORK_DIR (settings.sh).
 set -euo pipefail

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Training speed on this CPU, the demo's model and data, three ways: stock fairseq's
+# `transformer` in float32 (a process without the plugin: stock's --bf16 means a TPU, so fp32
+# is stock's best on a CPU), ours in float32, and ours with --bf16 (bf16 weights and
+# activations, float32 masters; measured only where the CPU has bf16 instructions). ROUNDS
+# rounds of UPDATES updates each, the three alternating, one after the other (nothing else
+# should run), validation off. Prints per run the target tokens per second (the mean of
+# fairseq's wps over its log intervals) and the last logged loss, then the medians and their
+# ratios to stock, with the CPU's model name and flags.
+#
+#   DATA_BIN=work_dirs/demo_multi30k/data-bin bash scripts/compare_cpu_training.sh
+#
+# Environment: DATA_BIN (required), UPDATES [150], ROUNDS [3], VENV [.venv].
+set -euo pipefail
+cd "$(dirname "$0")/.."
+: "${DATA_BIN:?set DATA_BIN to the data-bin of the demo (bash recipes/demo_multi30k.sh makes it)}"
+UPDATES=${UPDATES:-150} ROUNDS=${ROUNDS:-3}
+# shellcheck disable=SC1091
+source "${VENV:-.venv}/bin/activate"
+# the demo's model and schedule (recipes/demo_multi30k.sh); stock's inverse_sqrt peaks at
+# equation 3's peak for d_model 256 and 800 warm-up updates
+sizes=(--share-all-embeddings --encoder-layers 3 --decoder-layers 3 --encoder-embed-dim 256
+       --decoder-embed-dim 256 --encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024
+       --encoder-attention-heads 4 --decoder-attention-heads 4 --dropout 0.1
+       --optimizer adam --adam-betas '(0.9,0.98)' --adam-eps 1e-09 --warmup-updates 800
+       --label-smoothing 0.1)
+ours=(--user-dir user_plugin --task vaswani_translation --arch vaswani_base --d-model 256
+      --lr 1 --lr-scheduler vaswani_inverse_sqrt
+      --criterion vaswani_label_smoothed_cross_entropy)
+stock=(--task translation --arch transformer --lr 0.0022097 --lr-scheduler inverse_sqrt
+       --criterion label_smoothed_cross_entropy)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+flags=$(python -c 'from user_plugin.measurement.cpu import cpu_flags, cpu_name
+print(f"{cpu_name()}|{\" \".join(cpu_flags())}")')
+echo "cpu: ${flags%%|*}, $(nproc) cores; flags: ${flags#*|}"
+runs=(stock-fp32 ours-fp32)
+python -c 'from user_plugin.measurement.cpu import has_bf16_instructions as h
+raise SystemExit(0 if h() else 1)' && runs+=(ours-bf16)
+declare -A rates
+for round in $(seq "$ROUNDS"); do
+  for run in "${runs[@]}"; do
+    if [ "${run%-*}" = ours ]; then args=("${ours[@]}"); else args=("${stock[@]}"); fi
+    [ "${run#*-}" = fp32 ] || args+=(--bf16)
+    fairseq-train "$DATA_BIN" "${sizes[@]}" "${args[@]}" \
+      --max-update "$UPDATES" --seed 1 --max-tokens 2048 --required-batch-size-multiple 1 \
+      --save-dir "$work/$run" --no-save --disable-validation --log-format simple \
+      --log-interval 50 --num-workers 1 --cpu > "$work/log" 2>&1 \
+      || { tail -5 "$work/log"; exit 1; }
+    rate=$(grep -o 'wps=[0-9.]*' "$work/log" | cut -d= -f2 \
+           | python -c 'import statistics, sys; print(round(statistics.mean(map(float, sys.stdin))))')
+    loss=$(grep -o ' loss=[0-9.]*' "$work/log" | tail -1)
+    echo "round $round $run: $rate target tokens/s,$loss"
+    rates[$run]+="$rate "
+  done
+done
+for run in "${runs[@]}"; do echo "$run ${rates[$run]}"; done | python -c '
+import statistics, sys
+medians = {}
+for line in sys.stdin:
+    name, *values = line.split()
+    medians[name] = statistics.median(map(float, values))
+stock = medians["stock-fp32"]
+print("median target tokens/s: " + ", ".join(
+    f"{name} {value:,.0f} ({value / stock:.2f}x stock)" for name, value in medians.items()))'
