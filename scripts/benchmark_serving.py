@@ -496,6 +496,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for result in results:
         if "sacrebleu" in result:
             print(f"{result['backend']}: sacreBLEU {result['sacrebleu']}")
+    best = {r["backend"]: max(run["sentences_per_s"] or 0 for run in r["batched"].values())
+            for r in results}
+    if best.get("fairseq") and "ctranslate2" in best:
+        print(f"ctranslate2 / fairseq, best batched sentences/s: "
+              f"{best['ctranslate2'] / best['fairseq']:.2f}x")
     report = {"machine": machine(), "quick": args.quick, "results": results}
     if args.json_out:
         atomic_write_text(args.json_out, json.dumps(report, indent=1) + "\n")
