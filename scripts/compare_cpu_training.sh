@@ -32,7 +32,7 @@ stock=(--task translation --arch transformer --lr 0.0022097 --lr-scheduler inver
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 flags=$(python -c 'from user_plugin.measurement.cpu import cpu_flags, cpu_name
-print(f"{cpu_name()}|{\" \".join(cpu_flags())}")')
+print(cpu_name() + "|" + " ".join(cpu_flags()))')
 echo "cpu: ${flags%%|*}, $(nproc) cores; flags: ${flags#*|}"
 runs=(stock-fp32 ours-fp32)
 python -c 'from user_plugin.measurement.cpu import has_bf16_instructions as h
