@@ -138,11 +138,12 @@ def test_speed_runs_stock_without_the_plugin_and_counts_flops_by_the_formula(dry
         assert figures["paper_base_schedule_hours"] > 0
         profile = figures["profile"]
         assert profile["calls"] == [7, 9] and profile["wall_ms_per_update"] > 0
-        assert sum(profile["attention_backends_per_update"].values()) > 0, name
+        # on a CPU our bf16 / fp16 training writes attention out (the fused CPU kernel's
+        # backward is slow there: modules/scaled_dot_product.fused_is_slow); stock's is fused
+        fused_calls = sum(profile["attention_backends_per_update"].values())
+        assert (fused_calls > 0) == (name == "speed-tiny-stock-fp16"), name
         assert "sync_debug" not in figures  # CUDA only
-    ours_bf16 = runs["speed-tiny-ours-bf16"]["profile"]
-    assert ours_bf16["attention_backend_by_layer"] == [
-        "encoder self 0: cpu_flash", "decoder self 1: cpu_flash", "decoder cross 2: cpu_flash"]
+    assert runs["speed-tiny-ours-bf16"]["profile"]["attention_forward_order"] == []
     assert section["ratio_tiny_ours_bf16_over_stock_fp16"] == pytest.approx(
         runs["speed-tiny-ours-bf16"]["target_tokens_per_s"]
         / runs["speed-tiny-stock-fp16"]["target_tokens_per_s"])
