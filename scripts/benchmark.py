@@ -693,8 +693,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                      ("training peak memory (MB)", summarize(runs["train"], "peak_mb")),
                      ("training memory growth (MB)", summarize(runs["train"], "growth_mb"))]
             rows.append(("training model TFLOP/s", summarize(runs["train"], "tflops")))
-            for key, value in cpu_matmul_peaks(args, peaks).items():
-                peaks[key] = value
+            peaks = cpu_matmul_peaks(args, peaks) if peaks else {}
+            for key, value in peaks.items():
                 for impl in IMPLS:
                     for run in runs["train"][impl]:
                         run[f"{key}_peak_fraction"] = run["tflops"] * 1e12 / value

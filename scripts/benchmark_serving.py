@@ -322,10 +322,9 @@ async def reference_pass(url: str, sentences: list[str], timeout: float) -> list
 
 
 def machine() -> str:
-    model = next((line.split(":", 1)[1].strip() for line in
-                  Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor() or "unknown CPU")
-    return f"{model}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}"
+    from user_plugin.measurement.cpu import cpu_name
+
+    return f"{cpu_name()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}"
 
 
 def throughput(url: str, sentences: list[str], clients: int, args, reference: dict,
