@@ -8,6 +8,10 @@ Engines, all decoding the same binarized test sentences with beam 4 and alpha 0.
 * ``builtin``: stock ``fairseq-generate`` (no ``--user-dir``) on the export to fairseq's
   ``transformer`` (``vaswani-export --to fairseq``): fairseq's ``|Y|^alpha``
   penalty and its batch-wide ``--max-len-a 1 --max-len-b 50``, what stock fairseq serves;
+* ``ours-fairseq-rules``: our checkpoint and plugin decoding by ``builtin``'s rules
+  (``--length-penalty-form fairseq --max-len-over-source -1`` and the same ``--max-len-a/b``):
+  the same search as stock, so the same hypotheses, and its speed-up is the model's and the
+  plugin's alone;
 * ``ct2-float32`` and ``ct2-int8``: the CTranslate2 exports (``--to ctranslate2``), decoded by
   the hub's ``ctranslate2`` backend (GNMT re-ranking of the beam, per-sentence limit).
 
@@ -18,7 +22,8 @@ fairseq-generate's own generation timer, and the hub's ``translate_tokens`` call
 engine and thread count: sentences/s, target tokens/s (with EOS, as fairseq counts), speed-up
 over ``builtin``; per engine: sacreBLEU of the detokenized output against the reference
 (BPE removed and Moses-detokenized by the hub's text codec, the same for every engine) and the
-share of sentences whose hypothesis equals the exact decoder's (``ours``).
+share of sentences whose hypothesis equals the exact decoder's (``ours``) and, for the engines
+that search as stock does, the share equal to ``builtin``'s.
 
 The exports are written into ``--work-dir`` and reused when present.
 
@@ -53,7 +58,9 @@ logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(me
 from user_plugin.files import UserError, atomic_write_text, read_lines, run_main  # noqa: E402
 from user_plugin.paper import BEAM, LENPEN, MAX_LEN_OVER_SOURCE  # noqa: E402
 
-ENGINES = ("builtin", "ours", "ct2-float32", "ct2-int8")
+ENGINES = ("builtin", "ours", "ours-fairseq-rules", "ct2-float32", "ct2-int8")
+# engines whose search is stock fairseq's, whose hypotheses are compared with builtin's
+STOCK_RULES = ("builtin", "ours-fairseq-rules")
 USER_DIR = REPO / "user_plugin"
 TRANSLATED = re.compile(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s")
 
@@ -93,6 +100,7 @@ def ensure_exports(args) -> dict[str, Path]:
     from user_plugin.export.fairseq_checkpoint import export_fairseq_checkpoint
 
     paths = {"builtin": args.work_dir / "builtin.pt", "ours": args.checkpoint,
+             "ours-fairseq-rules": args.checkpoint,
              "ct2-float32": args.work_dir / "ct2-float32", "ct2-int8": args.work_dir / "ct2-int8"}
     if not paths["builtin"].is_file() or is_older(paths["builtin"], args.checkpoint):
         print(f"exporting to fairseq's transformer: {paths['builtin']}", flush=True)
@@ -131,13 +139,15 @@ def fairseq_generate(engine: str, path: Path, args, threads: int) -> dict[str, A
                str(path), "--gen-subset", args.subset, "--beam", str(BEAM), "--lenpen",
                str(LENPEN), "--batch-size", str(args.batch_size),
                "--required-batch-size-multiple", "1"]
-    if engine == "ours":
+    if engine.startswith("ours"):
         command += ["--user-dir", str(USER_DIR), "--task", "vaswani_translation"]
-    else:
+    if engine == "ours-fairseq-rules":
+        command += ["--length-penalty-form", "fairseq", "--max-len-over-source", "-1"]
+    if engine != "ours":
         command += ["--max-len-a", "1", "--max-len-b", str(MAX_LEN_OVER_SOURCE)]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
                PYTHONPATH=str(REPO))
-    if engine != "ours":  # the export is laid out as stock fairseq's own (a Namespace)
+    if engine == "builtin":  # the export is laid out as stock fairseq's own (a Namespace)
         env["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] = "1"
     proc = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     found = TRANSLATED.search(proc.stderr + proc.stdout)
@@ -241,6 +251,8 @@ def summarize(runs: dict[str, dict[int, list[dict]]], engines: Sequence[str],
         entry: dict[str, Any] = {"bleu": sacrebleu_of(first["hypotheses"], references, codec)}
         if exact is not None:
             entry["agreement_with_exact"] = agreement(first, exact)
+        if engine in STOCK_RULES and "builtin" in runs:
+            entry["agreement_with_builtin"] = agreement(first, runs["builtin"][thread_counts[0]][0])
         for threads in thread_counts:
             values = runs[engine][threads]
             entry[f"threads_{threads}"] = {
@@ -264,7 +276,7 @@ def markdown(summary: dict[str, Any], thread_counts: Sequence[int]) -> str:
     for threads in thread_counts:
         header += [f"sentences/s ({threads}t)", f"tokens/s ({threads}t)",
                    f"vs built-in ({threads}t)"]
-    header += ["sacreBLEU", "= exact decoder"]
+    header += ["sacreBLEU", "= exact decoder", "= built-in"]
     rows = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for engine, entry in summary.items():
         cells = [engine]
@@ -273,8 +285,9 @@ def markdown(summary: dict[str, Any], thread_counts: Sequence[int]) -> str:
             cells += [f"{run['sentences_per_s']:.1f}", f"{run['tokens_per_s']:,.0f}",
                       f"{run.get('speedup_over_builtin', float('nan')):.2f}x"]
         cells.append(f"{entry['bleu']['score']:.2f}")
-        share = entry.get("agreement_with_exact")
-        cells.append("" if share is None else f"{share['share']:.1%}")
+        for key in ("agreement_with_exact", "agreement_with_builtin"):
+            share = entry.get(key)
+            cells.append("" if share is None else f"{share['share']:.1%}")
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 

@@ -6,11 +6,14 @@
 # rounds of UPDATES updates each, the three alternating, one after the other (nothing else
 # should run), validation off. Prints per run the target tokens per second (the mean of
 # fairseq's wps over its log intervals) and the last logged loss, then the medians and their
-# ratios to stock, with the CPU's model name and flags.
+# ratios to the first run named (stock), with the CPU's model name and flags.
 #
 #   DATA_BIN=work_dirs/demo_multi30k/data-bin bash scripts/compare_cpu_training.sh
 #
-# Environment: DATA_BIN (required), UPDATES [150], ROUNDS [3], VENV [.venv].
+# Environment: DATA_BIN (required), UPDATES [150], ROUNDS [3], VENV [.venv], RUNS [stock-fp32
+# ours-fp32 ours-bf16, the last where the CPU has bf16 instructions]: runs named
+# WHO-PRECISION[-compile], WHO stock or ours, PRECISION fp32 or bf16, -compile adding
+# --compile-layers (ours only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${DATA_BIN:?set DATA_BIN to the data-bin of the demo (bash recipes/demo_multi30k.sh makes it)}"
@@ -34,14 +37,23 @@ trap 'rm -rf "$work"' EXIT
 flags=$(python -c 'from user_plugin.measurement.cpu import cpu_flags, cpu_name
 print(cpu_name() + "|" + " ".join(cpu_flags()))')
 echo "cpu: ${flags%%|*}, $(nproc) cores; flags: ${flags#*|}"
-runs=(stock-fp32 ours-fp32)
-python -c 'from user_plugin.measurement.cpu import has_bf16_instructions as h
+if [ -n "${RUNS:-}" ]; then
+  read -r -a runs <<< "$RUNS"
+else
+  runs=(stock-fp32 ours-fp32)
+  python -c 'from user_plugin.measurement.cpu import has_bf16_instructions as h
 raise SystemExit(0 if h() else 1)' && runs+=(ours-bf16)
+fi
+for run in "${runs[@]}"; do
+  [[ "$run" =~ ^(stock-fp32|ours-(fp32|bf16)(-compile)?)$ ]] \
+    || { echo "RUNS: '$run' is not stock-fp32 or ours-PRECISION[-compile] (PRECISION fp32 or bf16; stock's --bf16 means a TPU)" >&2; exit 2; }
+done
 declare -A rates
 for round in $(seq "$ROUNDS"); do
   for run in "${runs[@]}"; do
-    if [ "${run%-*}" = ours ]; then args=("${ours[@]}"); else args=("${stock[@]}"); fi
-    [ "${run#*-}" = fp32 ] || args+=(--bf16)
+    if [ "${run%%-*}" = ours ]; then args=("${ours[@]}"); else args=("${stock[@]}"); fi
+    [[ "$run" == *-bf16* ]] && args+=(--bf16)
+    [[ "$run" == *-compile ]] && args+=(--compile-layers)
     fairseq-train "$DATA_BIN" "${sizes[@]}" "${args[@]}" \
       --max-update "$UPDATES" --seed 1 --max-tokens 2048 --required-batch-size-multiple 1 \
       --save-dir "$work/$run" --no-save --disable-validation --log-format simple \
@@ -60,6 +72,7 @@ medians = {}
 for line in sys.stdin:
     name, *values = line.split()
     medians[name] = statistics.median(map(float, values))
-stock = medians["stock-fp32"]
+first = next(iter(medians))
 print("median target tokens/s: " + ", ".join(
-    f"{name} {value:,.0f} ({value / stock:.2f}x stock)" for name, value in medians.items()))'
+    f"{name} {value:,.0f} ({value / medians[first]:.2f}x {first})"
+    for name, value in medians.items()))'

@@ -9,7 +9,10 @@
 # cores); `pip install -e .[test]` then finds fairseq-fixed satisfied.
 #
 # Environment: VENV (default .venv), PYTHON (default python3; 3.11 and 3.12 work),
-# TORCH_SPEC (default torch==2.13.0), VASWANI_CACHE (the fairseq wheel's cache).
+# TORCH_SPEC (default torch==2.13.0), VASWANI_CACHE (the fairseq wheel's cache), EXTRAS
+# (default test: the suite's tools, CTranslate2 and transformers among them; empty: only what
+# the commands and recipes need, as the demo installs it). An environment set up with the test
+# extras is up to date for an empty EXTRAS too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -22,9 +25,16 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "[setup] creating virtual environment $VENV with $($PYTHON --version 2>&1)"
   "$PYTHON" -m venv "$VENV"
 fi
+EXTRAS=${EXTRAS-test}
+case "$EXTRAS" in
+  ""|test) ;;
+  *) echo "[setup] error: EXTRAS must be 'test' or empty, got '$EXTRAS'" >&2; exit 1 ;;
+esac
+# line 1: what was installed from; line 2: its extras
 stamp="$VENV/.vaswani-installed"
 want="$(cat setup.py scripts/setup_venv.sh scripts/build_fairseq.py | sha256sum | cut -c1-16) $TORCH_SPEC"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
+if [ -f "$stamp" ] && [ "$(sed -n 1p "$stamp")" = "$want" ] \
+   && { [ -z "$EXTRAS" ] || [ "$(sed -n 2p "$stamp")" = "extras $EXTRAS" ]; } \
    && "$VENV/bin/python" -c "import fairseq, user_plugin" >/dev/null 2>&1; then
   echo "[setup] $VENV is up to date"
   exit 0
@@ -35,7 +45,12 @@ echo "[setup] installing $TORCH_SPEC and the build tools"
 echo "[setup] fairseq-fixed with the three extensions the plugin needs (scripts/build_fairseq.py)"
 wheel=$("$VENV/bin/python" scripts/build_fairseq.py | tail -n 1)
 "${pip[@]}" "$wheel"
-echo "[setup] vaswani and its test tools (pip install -e .[test])"
-"${pip[@]}" -e ".[test]"
-echo "$want" > "$stamp"
+if [ -n "$EXTRAS" ]; then
+  echo "[setup] vaswani and its test tools (pip install -e .[$EXTRAS])"
+  "${pip[@]}" -e ".[$EXTRAS]"
+else
+  echo "[setup] vaswani (pip install -e .; EXTRAS=test adds the suite's tools)"
+  "${pip[@]}" -e .
+fi
+printf '%s\nextras %s\n' "$want" "$EXTRAS" > "$stamp.tmp" && mv "$stamp.tmp" "$stamp"
 echo "[setup] done in $(( $(date +%s) - start )) s: $("$VENV/bin/python" -c 'import torch, fairseq; print("torch", torch.__version__, "fairseq", fairseq.__version__)')"
