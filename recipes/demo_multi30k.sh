@@ -148,17 +148,22 @@ fi
 
 bash "$RECIPES_DIR/run_all.sh" wmt14_en_de
 
-sacrebleu=$(python - "$RUN_DIR/score/bleu.json" <<'EOF'
-import json
+# what the package says it is: its test score, and the checkpoints its model averages
+scored=$(python - "$RUN_DIR/model" <<'EOF'
 import sys
 
-with open(sys.argv[1], encoding="utf-8") as handle:
-    scores = json.load(handle)
-print(f"{scores['sacrebleu']['score']:.1f} ({scores['sacrebleu']['signature']})")
+from user_plugin.artifacts.package import read_package
+
+manifest = read_package(sys.argv[1])
+bleu = manifest["scores"]["sacrebleu"]
+averaged = [name for entry in manifest["origin"]["checkpoints"]
+            for name in entry.get("averaged_from", [entry["checkpoint"]])]
+print(f"the average of {len(averaged)} checkpoint{'s' * (len(averaged) != 1)} ({', '.join(averaged)}): "
+      f"{bleu['score']:.1f} ({bleu['signature']})")
 EOF
 )
 elapsed=$(( $(date +%s) - start_time ))
-log "Multi30k test_2016_flickr EN->DE sacreBLEU of the average of the last ${AVERAGE_LAST:-$PAPER_BASE_AVERAGE_LAST} checkpoints: $sacrebleu"
+log "Multi30k test_2016_flickr EN->DE sacreBLEU of $scored"
 log "validation: $(vaswani-plot-training "$RUN_DIR/checkpoints/train.log" --summary 2>&1)"
 log "training curves: $RUN_DIR/checkpoints/training_curves.png"
 log "TensorBoard: tensorboard --logdir $RUN_DIR/checkpoints/tensorboard"
