@@ -56,11 +56,14 @@ if str(REPO) not in sys.path:
 logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
 
 from user_plugin.files import UserError, atomic_write_text, read_lines, run_main  # noqa: E402
+from user_plugin.measurement.cpu import cpu_flags, cpu_name  # noqa: E402
 from user_plugin.paper import BEAM, LENPEN, MAX_LEN_OVER_SOURCE  # noqa: E402
 
 ENGINES = ("builtin", "ours", "ours-fairseq-rules", "ct2-float32", "ct2-int8")
 # engines whose search is stock fairseq's, whose hypotheses are compared with builtin's
 STOCK_RULES = ("builtin", "ours-fairseq-rules")
+# what each run keeps per sentence, for the agreement figures; the JSON leaves it out
+PER_SENTENCE = ("hypotheses", "scores")
 USER_DIR = REPO / "user_plugin"
 TRANSLATED = re.compile(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s")
 
@@ -333,10 +336,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = markdown(summary, thread_counts)
     print("\n" + table)
     results = {"config": {key: str(value) for key, value in vars(args).items()},
-               "machine": {"cpu_count": os.cpu_count(), "load_after": os.getloadavg()},
+               "machine": {"cpu": cpu_name(), "cpu_flags": cpu_flags(),
+                           "cpu_count": os.cpu_count(), "load_after": os.getloadavg()},
                "summary": summary,
                "runs": {engine: {str(threads): [{k: v for k, v in run.items()
-                                                 if k != "hypotheses"} for run in values]
+                                                 if k not in PER_SENTENCE} for run in values]
                                  for threads, values in by_threads.items()}
                         for engine, by_threads in runs.items()}}
     if args.json_out:

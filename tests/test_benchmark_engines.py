@@ -32,8 +32,10 @@ def test_engines_decode_the_same_sentences_and_report_speed_bleu_agreement(shipp
     result = json.loads(out.read_text())
     summary = result["summary"]
     assert list(summary) == ["builtin", "ours", "ours-fairseq-rules", "ct2-float32", "ct2-int8"]
+    assert result["machine"]["cpu"] and isinstance(result["machine"]["cpu_flags"], list)
     for engine, runs in result["runs"].items():
         assert [run["sentences"] for run in runs["1"]] == [100, 100], engine
+        assert not {"hypotheses", "scores"} & set(runs["1"][0])  # per sentence: not kept
         assert all(run["tokens"] > 100 and run["seconds"] > 0 for run in runs["1"])
         assert summary[engine]["threads_1"]["sentences_per_s"] > 0
     assert summary["ours"]["agreement_with_exact"]["share"] == 1.0
