@@ -115,8 +115,8 @@ DEMO_MODEL_ARGS=${DEMO_MODEL_ARGS:-"--encoder-layers 3 --decoder-layers 3 --enco
 # and are Moses-detokenized before sacreBLEU. Decoding is what costs, so validation runs only at
 # the checkpoints that are averaged (the last AVERAGE_LAST), not at the end of each epoch
 # (--validate-interval beyond the run's epochs); no later, since fairseq saves the interval
-# checkpoints only from --validate-after-updates on. No spaces inside the JSON: EXTRA_ARGS is split
-# on whitespace.
+# checkpoints only from --validate-after-updates on. No spaces inside the JSON: EXTRA_ARGS is
+# split on whitespace.
 AVERAGE_LAST=${AVERAGE_LAST:-$PAPER_BASE_AVERAGE_LAST}
 require_int MAX_UPDATE; require_int AVERAGE_LAST; require_int SAVE_INTERVAL_UPDATES
 VALIDATE_FROM=$(( MAX_UPDATE - (AVERAGE_LAST - 1) * SAVE_INTERVAL_UPDATES ))
@@ -158,7 +158,8 @@ manifest = read_package(sys.argv[1])
 bleu = manifest["scores"]["sacrebleu"]
 averaged = [name for entry in manifest["origin"]["checkpoints"]
             for name in entry.get("averaged_from", [entry["checkpoint"]])]
-print(f"the average of {len(averaged)} checkpoint{'s' * (len(averaged) != 1)} ({', '.join(averaged)}): "
+plural = "s" if len(averaged) != 1 else ""
+print(f"the average of {len(averaged)} checkpoint{plural} ({', '.join(averaged)}): "
       f"{bleu['score']:.1f} ({bleu['signature']})")
 EOF
 )
