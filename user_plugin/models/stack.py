@@ -26,12 +26,12 @@ import math
 from typing import Any, Callable, List
 
 import torch
-import torch.nn.functional as F
 from fairseq.distributed import fsdp_wrap
 from fairseq.modules import LayerDropModuleList
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import Tensor, nn
 
+from ..modules.dropout import dropout
 from ..modules.quant_noise import add_quant_noise
 from .transformer_config import StackConfig
 
@@ -108,7 +108,7 @@ class TransformerStack:
             x = x + self.embed_positions(positions).to(x)
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
-        return F.dropout(x, p=self.dropout, training=self.training)
+        return dropout(x, self.dropout, self.training)
 
     def final_norm(self, x: Tensor) -> Tensor:
         """The last LayerNorm of a pre-norm stack; post-norm layers already end normalized."""

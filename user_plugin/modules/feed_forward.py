@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-import torch.nn.functional as F
 from fairseq import utils
 from torch import Tensor, nn
+
+from .dropout import dropout
 
 
 class PositionWiseFeedForward(nn.Module):
@@ -33,5 +34,5 @@ class PositionWiseFeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         hidden = self.activation(self.fc1(x))
-        hidden = F.dropout(hidden, p=self.activation_dropout, training=self.training)
+        hidden = dropout(hidden, self.activation_dropout, self.training)
         return self.fc2(hidden)

@@ -7,8 +7,9 @@ Pre-norm, a common option for deep or big models: ``x + Dropout(Sublayer(LayerNo
 
 from __future__ import annotations
 
-import torch.nn.functional as F
 from torch import Tensor, nn
+
+from .dropout import dropout
 
 
 class AddAndNorm(nn.Module):
@@ -26,5 +27,5 @@ class AddAndNorm(nn.Module):
 
     def forward(self, residual: Tensor, sublayer_output: Tensor) -> Tensor:
         """Dropout on the sub-layer output, add the residual, then normalise (post-norm)."""
-        x = residual + F.dropout(sublayer_output, p=self.dropout, training=self.training)
+        x = residual + dropout(sublayer_output, self.dropout, self.training)
         return x if self.normalize_before else self.layer_norm(x)

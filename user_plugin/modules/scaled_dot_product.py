@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .dropout import dropout
+
 
 def split_heads(x: Tensor, num_heads: int) -> Tensor:
     """``[B, T, h * d] -> [B, h, T, d]``: the h heads' projections side by side (§3.2.2)."""
@@ -69,7 +71,7 @@ def attend(
     if mask is not None:
         scores = scores.masked_fill(~mask, -math.inf)
     probs = torch.softmax(scores.float(), dim=-1).type_as(scores)
-    context = torch.matmul(F.dropout(probs, p=dropout_p), v)
+    context = torch.matmul(dropout(probs, dropout_p, dropout_p > 0), v)
     return context, probs if need_weights else None
 
 
