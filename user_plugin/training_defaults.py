@@ -5,7 +5,7 @@ On a CUDA GPU, until a GPU run has measured the plugin's float32-master ``--bf16
 and ``vaswani_adam`` there (the GPU check's steady-state section, docs/gpu_check.md): bf16 on
 compute capability 8 or more, fp16 below, fairseq's ``adam``. On a CPU: bf16 (bf16 weights,
 float32 masters) where the CPU multiplies bf16 matrices in hardware (AVX-512 bf16 or AMX), where
-it trains the demo's model at 1.56x float32's tokens per second with the same losses
+it trains the demo's model at 1.33x float32's tokens per second with the same losses
 (alternating fairseq-train runs, docs/benchmark.md), and float32 elsewhere.
 ``python -m user_plugin.training_defaults gpu CAPABILITY`` (or ``cpu``) prints
 ``PRECISION OPTIMIZER WHY``, WHY being the rest of the line: the recipes' ``detect_device``
