@@ -5,7 +5,8 @@ test is skipped, with the reason, where there is none.
 * the compiled model computes the same loss and gradients as the eager one (dropout 0: compiled
   dropout draws other masks), over two batches of different shapes, without compiling a layer
   type more than twice (the first shape, then once with dynamic shapes);
-* decoding and the evaluation forward pass stay eager; the state dict is the eager model's.
+* decoding and the evaluation forward pass stay eager; the state dict is the eager model's;
+* with dropout, a compiled training step runs (the graph draws its own masks).
 """
 
 from __future__ import annotations
@@ -68,3 +69,26 @@ def test_decoding_and_evaluation_stay_eager():
     with torch.no_grad():
         model(**sample["net_input"])
     assert model.encoder._compiled_layers == [] == model.decoder._compiled_layers
+
+
+def test_compiled_layers_train_with_dropout():
+    """With dropout the compiled layers use the compiled graph's own random numbers (the eager
+    CPU masks of modules/dropout.py are not traced): a training step runs, two seeds give two
+    losses, and the gradients are finite."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    dictionary = make_dictionary(60)
+    options = dict(TINY, encoder_layers=2, decoder_layers=2, dropout=0.3)
+    torch.manual_seed(0)
+    compiled = build_vaswani(dictionary, "vaswani_base", compile_layers=True, **options).train()
+    criterion = LabelSmoothedCrossEntropy(fake_task(dictionary), False, 0.1)
+    sample = translation_sample(dictionary, batch=4, seed=0)
+    losses = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        loss, grads = loss_and_gradients(compiled, criterion, sample)
+        assert all(torch.isfinite(g).all() for g in grads.values())
+        losses.append(loss.item())
+    assert losses[0] != losses[1]
+    assert len(compiled.encoder._compiled_layers) == 2

@@ -1,7 +1,8 @@
 """Dropout (paper §5.4): while training, each unit is zeroed with probability ``p`` and the rest
 are scaled so that every unit keeps its expected value; outside training, the identity.
 
-On a GPU this is ``torch.nn.functional.dropout``, one fused kernel. On a CPU that function
+On a GPU, and inside ``torch.compile`` (``--compile-layers``: inductor generates its own random
+numbers), this is ``torch.nn.functional.dropout``. On an eager CPU that function
 draws its mask with ``bernoulli_``, one Mersenne-twister draw per unit, serially: 18 % of a
 bf16 training step of the demo's model (torch.profiler, torch 2.13). Here a CPU mask is cut
 from 64-bit random words instead, four 16-bit lanes per draw, a unit kept when its lane is at
@@ -26,8 +27,9 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     expectation, when ``training`` and ``p > 0``; ``x`` itself otherwise."""
     if not training or p == 0.0 or x.numel() == 0:
         return x
-    if x.device.type != "cpu" or not 0.0 < p < 1.0:
-        return F.dropout(x, p=p, training=True)  # fused kernel elsewhere; p = 1 and bad p as F's
+    if x.device.type != "cpu" or torch.compiler.is_compiling() or not 0.0 < p < 1.0:
+        # a GPU's fused kernel; a compiled graph's own random numbers; p = 1 and bad p as F's
+        return F.dropout(x, p=p, training=True)
     threshold = round(p * (1 << LANE_BITS))  # lanes below it (of 2^16) are dropped
     keep = random_lanes(x.shape) >= threshold - (1 << (LANE_BITS - 1))
     scale = torch.tensor((1 << LANE_BITS) / ((1 << LANE_BITS) - threshold), dtype=x.dtype)
