@@ -82,6 +82,8 @@ builtin_settings() {
   [[ " $DEMO_MODEL_ARGS " =~ \ --decoder-embed-dim\ ([0-9]+)\  ]] \
     || die "DEMO_MODEL_ARGS must give --decoder-embed-dim (d_model of the schedule)"
   D_MODEL=${BASH_REMATCH[1]}
+  # validation (and so the interval checkpoints) at the averaged checkpoints only, as the demo
+  VALIDATE_FROM=$(( MAX_UPDATE - (AVERAGE_LAST - 1) * SAVE_INTERVAL_UPDATES ))
   # Equation 3 at its peak (step = warmup): d_model^-0.5 * warmup^-0.5
   PEAK_LR=$(python -c "print($D_MODEL ** -0.5 * $WARMUP_UPDATES ** -0.5)")
   decoding_defaults
@@ -96,13 +98,14 @@ builtin_train() {
                    --eval-bleu-remove-bpe --eval-bleu-detok moses
                    --eval-bleu-detok-args '{"target_lang":"de"}'
                    --best-checkpoint-metric bleu --maximize-best-checkpoint-metric
-                   --validate-interval 1000) ;;
+                   --validate-interval 1000 --validate-after-updates "$VALIDATE_FROM") ;;
     0) ;;
     *) die "EVAL_BLEU must be 1 or 0, got '$EVAL_BLEU'" ;;
   esac
   local config="v1 builtin arch=transformer max_update=$MAX_UPDATE warmup=$WARMUP_UPDATES"
   config+=" lr=$PEAK_LR max_tokens=$MAX_TOKENS seed=$SEED save=$SAVE_INTERVAL_UPDATES"
-  config+=" keep=$AVERAGE_LAST eval_bleu=${EVAL_BLEU:-1} model=$DEMO_MODEL_ARGS"
+  config+=" keep=$AVERAGE_LAST eval_bleu=${EVAL_BLEU:-1} validate_from=$VALIDATE_FROM"
+  config+=" model=$DEMO_MODEL_ARGS"
   if step_is_current "$CKPT_DIR" "$config" "$BIN_DIR"; then
     log "built-in transformer: already trained ($CKPT_DIR/.done); skipping"
     return 0
