@@ -6,7 +6,8 @@
 # rounds of UPDATES updates each, the three alternating, one after the other (nothing else
 # should run), validation off. Prints per run the target tokens per second (the mean of
 # fairseq's wps over its log intervals) and the last logged loss, then the medians and their
-# ratios to the first run named (stock), with the CPU's model name and flags.
+# ratios to the first run named (stock), with the CPU's model name and flags. Stock runs
+# fairseq's adam; ours the optimizer the recipes choose on a CPU (user_plugin/training_defaults.py).
 #
 #   DATA_BIN=work_dirs/demo_multi30k/data-bin bash scripts/compare_cpu_training.sh
 #
@@ -25,18 +26,18 @@ source "${VENV:-.venv}/bin/activate"
 sizes=(--share-all-embeddings --encoder-layers 3 --decoder-layers 3 --encoder-embed-dim 256
        --decoder-embed-dim 256 --encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024
        --encoder-attention-heads 4 --decoder-attention-heads 4 --dropout 0.1
-       --optimizer adam --adam-betas '(0.9,0.98)' --adam-eps 1e-09 --warmup-updates 800
-       --label-smoothing 0.1)
+       --adam-betas '(0.9,0.98)' --adam-eps 1e-09 --warmup-updates 800 --label-smoothing 0.1)
+read -r _ cpu_optimizer _ <<< "$(python -m user_plugin.training_defaults cpu)"
 ours=(--user-dir user_plugin --task vaswani_translation --arch vaswani_base --d-model 256
-      --lr 1 --lr-scheduler vaswani_inverse_sqrt
+      --optimizer "$cpu_optimizer" --lr 1 --lr-scheduler vaswani_inverse_sqrt
       --criterion vaswani_label_smoothed_cross_entropy)
-stock=(--task translation --arch transformer --lr 0.0022097 --lr-scheduler inverse_sqrt
-       --criterion label_smoothed_cross_entropy)
+stock=(--task translation --arch transformer --optimizer adam --lr 0.0022097
+       --lr-scheduler inverse_sqrt --criterion label_smoothed_cross_entropy)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 flags=$(python -c 'from user_plugin.measurement.cpu import cpu_flags, cpu_name
 print(cpu_name() + "|" + " ".join(cpu_flags()))')
-echo "cpu: ${flags%%|*}, $(nproc) cores; flags: ${flags#*|}"
+echo "cpu: ${flags%%|*}, $(nproc) cores; flags: ${flags#*|}; ours: --optimizer $cpu_optimizer"
 if [ -n "${RUNS:-}" ]; then
   read -r -a runs <<< "$RUNS"
 else

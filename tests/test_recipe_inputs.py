@@ -272,7 +272,7 @@ def test_the_recipes_gpu_defaults_come_from_training_defaults():
     import subprocess
 
     from user_plugin.measurement.cpu import cpu_flags
-    from user_plugin.training_defaults import CUDA_TRAINING_DEFAULTS, cpu_precision
+    from user_plugin.training_defaults import CPU_OPTIMIZER, CUDA_TRAINING_DEFAULTS, cpu_precision
 
     def defaults(*args: str) -> list:
         return subprocess.run([sys.executable, "-m", "user_plugin.training_defaults", *args],
@@ -280,7 +280,7 @@ def test_the_recipes_gpu_defaults_come_from_training_defaults():
 
     for capability, precision in (("7", "fp16"), ("9", CUDA_TRAINING_DEFAULTS["precision"])):
         assert defaults("gpu", capability)[:2] == [precision, CUDA_TRAINING_DEFAULTS["optimizer"]]
-    assert defaults("cpu")[:2] == [cpu_precision(cpu_flags())[0], "adam"]
+    assert defaults("cpu")[:2] == [cpu_precision(cpu_flags())[0], CPU_OPTIMIZER]
     common = (REPO / "recipes" / "common.sh").read_text(encoding="utf-8")
     assert 'python -m user_plugin.training_defaults "$DEVICE" "$capability"' in common
     assert "OPTIMIZER=${OPTIMIZER:-$DEVICE_OPTIMIZER}" in (

@@ -30,8 +30,8 @@
 # SAVE_INTERVAL_UPDATES [paper: 1500 | 600, every 10 minutes], AVERAGE_LAST [paper: 5 | 20:
 # the interval checkpoints kept for the average step; 0: the run is not averaged, only the
 # newest is kept and none is required],
-# SEED [1], OPTIMIZER [the device's default: user_plugin/training_defaults.py on a GPU, adam on a
-# CPU; adam: fairseq's; vaswani_adam: the same update as one fused operation,
+# SEED [1], OPTIMIZER [the device's default: user_plugin/training_defaults.py, adam on a GPU,
+# vaswani_adam on a CPU; adam: fairseq's; vaswani_adam: the same update as one fused operation,
 # user_plugin/optimizers], LOG_INTERVAL [100], TRAIN_TASK [translation], TENSORBOARD_DIR
 # [$RUN_DIR/checkpoints/tensorboard; none: no TensorBoard logs], CURVES_PNG
 # [$RUN_DIR/checkpoints/training_curves.png, drawn when training ends], EXTRA_ARGS [none; more

@@ -33,7 +33,8 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     threshold = round(p * (1 << LANE_BITS))  # lanes below it (of 2^16) are dropped
     keep = random_lanes(x.shape) >= threshold - (1 << (LANE_BITS - 1))
     scale = torch.tensor((1 << LANE_BITS) / ((1 << LANE_BITS) - threshold), dtype=x.dtype)
-    return torch.where(keep, x * scale, torch.zeros((), dtype=x.dtype))
+    # one factor per unit, 0 or the scale: the backward pass is a single product with it
+    return x * torch.where(keep, scale, torch.zeros((), dtype=x.dtype))
 
 
 def random_lanes(shape: torch.Size) -> Tensor:
