@@ -13,6 +13,7 @@ import sys
 
 import pytest
 from cli import REFUSE_OUR_PLUGIN, REPO, USER_DIR, command, fairseq_env
+from prepared_model import TINY_ARGS
 
 from user_plugin.artifacts.errors import ArtifactError
 from user_plugin.artifacts.package import FORMAT, MANIFEST
@@ -57,6 +58,8 @@ def test_the_package_holds_fairseqs_released_layout_and_describes_itself(trained
     assert manifest["format"] == FORMAT and manifest["models"] == ["model.pt"]
     assert (manifest["source_lang"], manifest["target_lang"]) == ("en", "de")
     assert manifest["architecture"]["encoder_embed_dim"] == 32
+    arch = TINY_ARGS[TINY_ARGS.index("--arch") + 1]
+    assert manifest["architecture"]["arch"] == arch
     assert manifest["training_fingerprint"]["source_dictionary"]
     origin = manifest["origin"]["checkpoints"][0]
     assert origin["checkpoint"] == "checkpoint_last.pt" and origin["num_updates"] == 4
@@ -65,8 +68,10 @@ def test_the_package_holds_fairseqs_released_layout_and_describes_itself(trained
     assert "last_optimizer_state" not in state  # a released model holds no optimizer state
     card = (package / "README.md").read_text(encoding="utf-8")
     assert "en -> de" in card and "vaswani-translate PACKAGE" in card
+    assert f"architecture: `{arch}`" in card
     proc = run("package", "--check", package)
     assert proc.returncode == 0 and "intact model package" in proc.stdout, proc.stderr
+    assert f"en->de {arch}," in proc.stdout
 
 
 def test_every_door_takes_the_package_alone_with_todays_outputs(trained, tmp_path):

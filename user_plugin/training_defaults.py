@@ -5,7 +5,7 @@ On a CUDA GPU, until a GPU run has measured the plugin's float32-master ``--bf16
 and ``vaswani_adam`` there (the GPU check's steady-state section, docs/gpu_check.md): bf16 on
 compute capability 8 or more, fp16 below, fairseq's ``adam``. On a CPU: bf16 (bf16 weights,
 float32 masters) where the CPU multiplies bf16 matrices in hardware (AVX-512 bf16 or AMX), where
-it trains the demo's model at 1.33x float32's tokens per second with the same losses
+it trains the demo's model at 1.34x float32's tokens per second with the same losses
 (alternating fairseq-train runs, docs/benchmark.md), and float32 elsewhere; ``vaswani_adam``
 (fairseq's update as one fused operation), which made the demo's 150-update runs 1.08x faster
 in bf16 and 1.12x in float32 than fairseq's ``adam``, with the same losses.

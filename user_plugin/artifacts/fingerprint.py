@@ -138,6 +138,16 @@ def model_config(state: Mapping) -> Any:
     return model if isinstance(model, (Mapping, argparse.Namespace)) else None
 
 
+def architecture_name(model_cfg: Any) -> str | None:
+    """The registered architecture a model configuration was built as (``--arch``: fairseq's
+    ``arch`` of an argparse namespace, ``_name`` of a dataclass configuration), or None."""
+    if isinstance(model_cfg, Mapping):
+        name = model_cfg.get("_name") or model_cfg.get("arch")
+    else:
+        name = getattr(model_cfg, "arch", None) or getattr(model_cfg, "_name", None)
+    return name if isinstance(name, str) and name else None
+
+
 def _normal(value: Any) -> Any:
     """An option's value in one spelling: enums by their value, lists (or omegaconf's) as
     ``a,b``, an unset value (None, empty) as None."""

@@ -140,14 +140,15 @@ def package_manifest(states: Sequence[Mapping], paths: Sequence[Path], source_la
                      scores: Mapping[str, Any] | None) -> dict[str, Any]:
     """The manifest of a package of the checkpoints ``paths`` (read into ``states``), but its
     ``files``, which the writer fills."""
-    from .fingerprint import architecture, model_config, stored_fingerprint
+    from .fingerprint import architecture, architecture_name, model_config, stored_fingerprint
 
+    config = model_config(states[0])
     return {
         "format": FORMAT,
         "source_lang": source_lang,
         "target_lang": target_lang,
         "models": model_names(len(paths)),
-        "architecture": architecture(model_config(states[0])),
+        "architecture": {"arch": architecture_name(config), **architecture(config)},
         "training_fingerprint": stored_fingerprint(states[0]),
         "text_pipeline": RECORD_NAME,
         "subword": pipeline.subword,
