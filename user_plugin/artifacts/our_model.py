@@ -14,6 +14,7 @@ from torch import nn
 from ..paper import MAX_LEN_OVER_SOURCE
 from .builtin_transformer import OUR_MODEL
 from .errors import ArtifactError
+from .fingerprint import architecture_name
 
 
 def our_model_name(model_cfg: Any) -> str | None:
@@ -21,7 +22,7 @@ def our_model_name(model_cfg: Any) -> str | None:
     architecture, e.g. ``vaswani_base``), or None when no loaded plugin registers it."""
     from fairseq.models import ARCH_MODEL_NAME_REGISTRY, MODEL_REGISTRY
 
-    name = model_cfg.get("_name") or model_cfg.get("arch")
+    name = architecture_name(model_cfg)
     if name in ARCH_MODEL_NAME_REGISTRY:
         return ARCH_MODEL_NAME_REGISTRY[name]
     return name if name in MODEL_REGISTRY else None
@@ -44,10 +45,9 @@ def load_our_model(checkpoint: str | os.PathLike, data_dir: str | os.PathLike,
     model_cfg = state["cfg"].model
     name = our_model_name(model_cfg)
     if name != OUR_MODEL:
-        arch = model_cfg.get("_name") or model_cfg.get("arch")
         raise ArtifactError(
-            f"{checkpoint}: model {name or arch!r} is not {OUR_MODEL}: fairseq's built-in "
-            "transformer cannot express an extension's blocks"
+            f"{checkpoint}: model {name or architecture_name(model_cfg)!r} is not {OUR_MODEL}: "
+            "fairseq's built-in transformer cannot express an extension's blocks"
         )
     src, tgt = language_pair(data_dir, source_lang, target_lang, state["cfg"].task)
     task = setup_task(state["cfg"].task, data_dir, src, tgt, "gnmt", MAX_LEN_OVER_SOURCE)

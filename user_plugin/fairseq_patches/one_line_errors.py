@@ -56,13 +56,13 @@ def _state_dict_reason(error: BaseException | None) -> str:
 def _trained_arch(path: str) -> str | None:
     """The ``--arch`` the checkpoint ``path`` was trained with, read from its configuration
     without building anything, or None."""
+    from ..artifacts.fingerprint import architecture_name
     from ..files.training_state import checkpoint_entries
 
     entries = checkpoint_entries(path) or {}
     cfg, args = entries.get("cfg"), entries.get("args")
     model = cfg.get("model") if isinstance(cfg, dict) else None
-    arch = model.get("_name") if isinstance(model, dict) else getattr(args, "arch", None)
-    return arch if isinstance(arch, str) else None
+    return architecture_name(model if isinstance(model, dict) else args)
 
 
 def _languages(directory: Path) -> str:

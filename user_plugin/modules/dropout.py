@@ -34,7 +34,7 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     keep = random_lanes(x.shape) >= threshold - (1 << (LANE_BITS - 1))
     scale = torch.tensor((1 << LANE_BITS) / ((1 << LANE_BITS) - threshold), dtype=x.dtype)
     # one factor per unit, 0 or the scale: the backward pass is a single product with it
-    return x * torch.where(keep, scale, torch.zeros((), dtype=x.dtype))
+    return x * torch.where(keep, scale, 0.0)
 
 
 def random_lanes(shape: torch.Size) -> Tensor:
