@@ -138,6 +138,30 @@ def test_fused_projection_loss_without_gradient_and_in_bf16():
         fused_projection_label_smoothed_loss(features, weight[:, :4], target, 0.1)
 
 
+def test_fused_projection_loss_with_bf16_weights():
+    """bf16 features and weight (a --bf16 run's model): the loss and the gradients are those of
+    float32 on the same values, to bf16's precision (dL/dz is rounded to bf16 for the products),
+    whatever the chunking; the gradients come back in bf16."""
+    torch.manual_seed(6)
+    features = torch.randn(45, 16).bfloat16().requires_grad_()
+    weight = torch.randn(37, 16).bfloat16().requires_grad_()
+    target = torch.randint(0, 37, (45,))
+    wide_h = features.detach().float().requires_grad_()
+    wide_w = weight.detach().float().requires_grad_()
+    reference, reference_nll, _ = fused_projection_label_smoothed_loss(wide_h, wide_w, target, 0.1)
+    (3.0 * reference).backward()
+    for chunk_rows in (7, 45, 1000):
+        h, w = features.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
+        loss, nll, _ = fused_projection_label_smoothed_loss(h, w, target, 0.1,
+                                                            chunk_rows=chunk_rows)
+        (3.0 * loss).backward()
+        assert h.grad.dtype == torch.bfloat16 and w.grad.dtype == torch.bfloat16
+        torch.testing.assert_close(loss, reference, rtol=1e-2, atol=0.0)
+        torch.testing.assert_close(nll, reference_nll, rtol=1e-2, atol=0.0)
+        for low, wide in ((h.grad, wide_h.grad), (w.grad, wide_w.grad)):
+            assert (low.float() - wide).norm() < 1e-2 * wide.norm()
+
+
 def test_criterion_gradients_equal_fairseq_criterion_on_our_model():
     """The fused path (our model) gives every parameter the gradient fairseq's criterion
     gives it through the full logits."""

@@ -8,8 +8,10 @@ size also costs page faults.
 
 Here the rows are processed a chunk at a time: logits of the chunk, their log-normaliser, the
 loss terms, the chunk's ``dL/dz`` in place of its logits, and its contribution to ``dL/dh`` and
-``dL/dW``. Only ``[chunk x V]`` is ever held; the matrix products are the same as unfused (no
-recomputation). Because the gradients are produced during the forward pass, this is only done
+``dL/dW``. Only ``[chunk x V]`` is ever held, in buffers made once per call and reused by
+every chunk (a float32 one, plus one in the products' dtype when that is bf16): no chunk
+allocates, converts or accumulates through a fresh tensor of that size. The matrix products
+are the same as unfused (no recomputation). Because the gradients are produced during the forward pass, this is only done
 when a gradient is wanted; the backward pass scales them by the incoming gradient.
 
 The loss and its gradient are those of :mod:`user_plugin.criterions.label_smoothing`
@@ -22,7 +24,6 @@ does not use this with float16 weights or float16 autocast (bfloat16 is fine).
 from typing import Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
@@ -82,28 +83,50 @@ class _FusedProjectionLoss(torch.autograd.Function):
         correct = torch.zeros((), dtype=torch.long, device=features.device)
         grad_features = torch.empty_like(features) if want_grad else None
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if want_grad else None
-        for start in range(0, rows, chunk_rows):
-            h = features[start: start + chunk_rows]
-            y = target[start: start + chunk_rows].unsqueeze(-1)
-            z = F.linear(h, weight).float()
-            # every pass over the [chunk x V] buffer is in place: sums first, then softmax
-            target_logit = z.gather(-1, y)
-            logit_sum = z.sum(dim=-1, keepdim=True)
-            if count_correct:
-                correct += z.argmax(dim=-1).eq(y.squeeze(-1)).sum()
-            shift = z.amax(dim=-1, keepdim=True)
-            exp_sum = z.sub_(shift).exp_().sum(dim=-1, keepdim=True)
-            log_normalizer = shift + exp_sum.log()
-            chunk_nll = (log_normalizer - target_logit).sum()
-            nll += chunk_nll
-            loss += on_target * chunk_nll + eps_other * ((vocab * log_normalizer).sum()
-                                                         - logit_sum.sum())
-            if want_grad:
+        # the products run in one dtype (autocast's, if on); every [chunk x V] tensor lives in
+        # buffers made once, so a chunk allocates nothing of that size
+        dtype = _product_dtype(features, weight)
+        with torch.autocast(features.device.type, enabled=False):
+            features_c, weight_c = features.to(dtype), weight.to(dtype)
+            chunk = min(chunk_rows, rows)
+            logits = features.new_empty((chunk, vocab), dtype=torch.float32)
+            low = None if dtype == torch.float32 else logits.new_empty((chunk, vocab), dtype=dtype)
+            grad_weight_chunk = None if low is None else weight_c.new_empty(weight_c.shape)
+            for start in range(0, rows, chunk_rows):
+                stop = min(start + chunk_rows, rows)
+                h = features_c[start:stop]
+                y = target[start:stop].unsqueeze(-1)
+                z = logits[: stop - start]
+                if low is None:
+                    torch.mm(h, weight_c.t(), out=z)
+                else:
+                    z.copy_(torch.mm(h, weight_c.t(), out=low[: stop - start]))
+                # every pass over the [chunk x V] buffer is in place: sums first, then softmax
+                target_logit = z.gather(-1, y)
+                logit_sum = z.sum(dim=-1, keepdim=True)
+                if count_correct:
+                    correct += z.argmax(dim=-1).eq(y.squeeze(-1)).sum()
+                shift = z.amax(dim=-1, keepdim=True)
+                exp_sum = z.sub_(shift).exp_().sum(dim=-1, keepdim=True)
+                log_normalizer = shift + exp_sum.log()
+                chunk_nll = (log_normalizer - target_logit).sum()
+                nll += chunk_nll
+                loss += on_target * chunk_nll + eps_other * ((vocab * log_normalizer).sum()
+                                                             - logit_sum.sum())
+                if not want_grad:
+                    continue
                 # z now holds exp(z - shift): softmax = z / exp_sum
                 grad = logit_gradient_(z, y, coefficients, 1.0 / exp_sum)
-                grad = grad.to(torch.promote_types(h.dtype, weight.dtype))
-                grad_features[start: start + chunk_rows] = grad @ weight.to(grad.dtype)
-                grad_weight += (grad.t() @ h.to(grad.dtype)).float()
+                if low is not None:
+                    grad = low[: stop - start].copy_(grad)
+                if grad_features.dtype == dtype:
+                    torch.mm(grad, weight_c, out=grad_features[start:stop])
+                else:
+                    grad_features[start:stop] = grad @ weight_c
+                if grad_weight_chunk is None:
+                    grad_weight.addmm_(grad.t(), h)
+                else:
+                    grad_weight += torch.mm(grad.t(), h, out=grad_weight_chunk)
         ctx.grads = (grad_features, grad_weight)
         ctx.weight_dtype = weight.dtype
         ctx.mark_non_differentiable(nll, correct)
@@ -119,3 +142,12 @@ class _FusedProjectionLoss(torch.autograd.Function):
             grad_features = grad_features.mul_(scale.to(grad_features.dtype))
             grad_weight = grad_weight.mul_(scale).to(ctx.weight_dtype)
         return grad_features, grad_weight, None, None, None, None
+
+
+def _product_dtype(features: Tensor, weight: Tensor) -> torch.dtype:
+    """The dtype the chunk's matrix products run in: autocast's where it is on, else the
+    inputs' common dtype."""
+    device = features.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return torch.promote_types(features.dtype, weight.dtype)
