@@ -11,8 +11,9 @@ loss terms, the chunk's ``dL/dz`` in place of its logits, and its contribution t
 ``dL/dW``. Only ``[chunk x V]`` is ever held, in buffers made once per call and reused by
 every chunk (a float32 one, plus one in the products' dtype when that is bf16): no chunk
 allocates, converts or accumulates through a fresh tensor of that size. The matrix products
-are the same as unfused (no recomputation). Because the gradients are produced during the forward pass, this is only done
-when a gradient is wanted; the backward pass scales them by the incoming gradient.
+are the same as unfused (no recomputation). Because the gradients are produced during the
+forward pass, this is only done when a gradient is wanted; the backward pass scales them by the
+incoming gradient.
 
 The loss and its gradient are those of :mod:`user_plugin.criterions.label_smoothing`
 (fairseq's definition).
