@@ -82,17 +82,19 @@ class _FusedProjectionLoss(torch.autograd.Function):
         loss = features.new_zeros((), dtype=torch.float32)
         nll = features.new_zeros((), dtype=torch.float32)
         correct = torch.zeros((), dtype=torch.long, device=features.device)
-        grad_features = torch.empty_like(features) if want_grad else None
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if want_grad else None
         # the products run in one dtype (autocast's, if on); every [chunk x V] tensor lives in
         # buffers made once, so a chunk allocates nothing of that size
         dtype = _product_dtype(features, weight)
         with torch.autocast(features.device.type, enabled=False):
             features_c, weight_c = features.to(dtype), weight.to(dtype)
+            grad_features = torch.empty_like(features_c) if want_grad else None
             chunk = min(chunk_rows, rows)
             logits = features.new_empty((chunk, vocab), dtype=torch.float32)
             low = None if dtype == torch.float32 else logits.new_empty((chunk, vocab), dtype=dtype)
-            grad_weight_chunk = None if low is None else weight_c.new_empty(weight_c.shape)
+            grad_weight_chunk = None
+            if want_grad and low is not None:
+                grad_weight_chunk = torch.empty_like(weight_c)
             for start in range(0, rows, chunk_rows):
                 stop = min(start + chunk_rows, rows)
                 h = features_c[start:stop]
@@ -120,14 +122,13 @@ class _FusedProjectionLoss(torch.autograd.Function):
                 grad = logit_gradient_(z, y, coefficients, 1.0 / exp_sum)
                 if low is not None:
                     grad = low[: stop - start].copy_(grad)
-                if grad_features.dtype == dtype:
-                    torch.mm(grad, weight_c, out=grad_features[start:stop])
-                else:
-                    grad_features[start:stop] = grad @ weight_c
+                torch.mm(grad, weight_c, out=grad_features[start:stop])
                 if grad_weight_chunk is None:
                     grad_weight.addmm_(grad.t(), h)
                 else:
                     grad_weight += torch.mm(grad.t(), h, out=grad_weight_chunk)
+        if grad_features is not None:
+            grad_features = grad_features.to(features.dtype)  # autocast's products: back
         ctx.grads = (grad_features, grad_weight)
         ctx.weight_dtype = weight.dtype
         ctx.mark_non_differentiable(nll, correct)
