@@ -28,11 +28,12 @@
 # SETUP_VENV [1; 0: use the current environment as it is], PRECISION [bf16 where the CPU has
 # AVX-512 bf16 or AMX, else fp32: see docs/recipes.md], ARCH [vaswani_base; transformer:
 # fairseq's own, as recipes/parity_multi30k.sh trains it], RUN_DIR [$WORK_DIR/base], BPE_OPS
-# [5000: about 5,100 joint types], MAX_UPDATE [1800], MAX_TOKENS [2048], WARMUP_UPDATES [800], SAVE_INTERVAL_UPDATES
-# [100], LOG_INTERVAL [50], EVAL_BLEU [0: validation loss only; 1: and BLEU], GEN_MAX_TOKENS
-# [2048: the test set's decoding batches, the fastest on 2 cores], DEMO_MODEL_ARGS [d_model
-# 256, 3+3 layers, d_ff 1024, 4 heads, dropout 0.1], plus those of recipes/steps/*.sh
-# (AVERAGE_LAST [the paper's base: 5], SEED [1], TASK, BEAM, ...).
+# [5000: about 5,100 joint types], MAX_UPDATE [1800], MAX_TOKENS [2048], WARMUP_UPDATES [800],
+# SAVE_INTERVAL_UPDATES [100], LOG_INTERVAL [50], EVAL_BLEU [0: validation loss only; 1: and
+# BLEU], GEN_MAX_TOKENS [2048: the test set's decoding batches, the fastest on 2 cores],
+# DEMO_MODEL_ARGS [d_model 256, 3+3 layers, d_ff 1024, 4 heads, dropout 0.1], plus those of
+# recipes/steps/*.sh (TRAIN_TASK [here vaswani_translation], AVERAGE_LAST [the paper's base: 5],
+# SEED [1], TASK, BEAM, ...).
 set -euo pipefail
 STEP_NAME=demo
 # shellcheck source=common.sh
@@ -123,14 +124,15 @@ DEMO_MODEL_ARGS=${DEMO_MODEL_ARGS:-"--encoder-layers 3 --decoder-layers 3 --enco
 # the interval checkpoints only from --validate-after-updates on. With EVAL_BLEU=1 it also decodes
 # BLEU as the paper does (§6.1) through the task vaswani_translation; the BPE-split,
 # Moses-tokenized hypotheses and references lose the BPE and are Moses-detokenized before
-# sacreBLEU. No spaces inside the JSON: EXTRA_ARGS is split on whitespace.
+# sacreBLEU. No spaces inside the JSON: EXTRA_ARGS is split on whitespace. Either way the run
+# trains with the task vaswani_translation, whose batches never drop a sentence.
+export TRAIN_TASK=${TRAIN_TASK:-vaswani_translation}
 AVERAGE_LAST=${AVERAGE_LAST:-$PAPER_BASE_AVERAGE_LAST}
 require_int MAX_UPDATE; require_int AVERAGE_LAST; require_int SAVE_INTERVAL_UPDATES
 VALIDATE_FROM=$(( MAX_UPDATE - (AVERAGE_LAST - 1) * SAVE_INTERVAL_UPDATES ))
 VALIDATION_ARGS="--validate-interval 1000 --validate-after-updates $VALIDATE_FROM"
 case "$EVAL_BLEU" in
   1)
-    export TRAIN_TASK=vaswani_translation
     VALIDATION_ARGS+=" --eval-bleu --eval-bleu-args {\"beam\":$PAPER_BEAM,\"lenpen\":$PAPER_LENPEN}"
     VALIDATION_ARGS+=" --eval-bleu-remove-bpe --eval-bleu-detok moses"
     VALIDATION_ARGS+=" --eval-bleu-detok-args {\"target_lang\":\"de\"}"
