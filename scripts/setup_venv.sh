@@ -39,11 +39,13 @@ if [ -f "$stamp" ] && [ "$(sed -n 1p "$stamp")" = "$want" ] \
   echo "[setup] $VENV is up to date"
   exit 0
 fi
-# --no-compile: pip would byte-compile every module of every package it installs (torch's alone
-# took 17 of its 30 s on 2 cores); Python compiles the ones a command imports, once, on first use.
-pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-compile)
+pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 echo "[setup] installing $TORCH_SPEC and the build tools"
-"${pip[@]}" "$TORCH_SPEC" setuptools wheel numpy cython
+# torch with --no-compile: pip would byte-compile every one of its modules (17 of its 30 s on 2
+# cores); Python compiles those a command imports, once, on first use. Only torch: compiling
+# fairseq on first use would print its sources' SyntaxWarnings (Python 3.12) into a command's
+# output, which pip's own compiling keeps quiet.
+"${pip[@]}" --no-compile "$TORCH_SPEC" setuptools wheel numpy cython
 echo "[setup] fairseq-fixed with the three extensions the plugin needs (scripts/build_fairseq.py)"
 wheel=$("$VENV/bin/python" scripts/build_fairseq.py | tail -n 1)
 "${pip[@]}" "$wheel"
