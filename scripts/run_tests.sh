@@ -18,10 +18,11 @@ if [ "${#missing[@]}" -gt 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -
 fi
 # Every process of the suite uses one thread (tests/conftest.py; the fairseq CLIs it starts get
 # OMP_NUM_THREADS=1), so the files run side by side, one pytest-xdist worker per core (at most
-# 4), each worker taking whole files (a module's fixtures are built once). The 25 slowest
-# tests are listed at the end. Extra arguments go to pytest, after these (`-n 0`: one process).
+# 4), each worker taking whole files (a module's fixtures are built once), the slowest files
+# first (tests/conftest.py, SLOWEST_FIRST) so that the workers finish together. The 25 slowest
+# tests and the 15 slowest files are listed at the end. Extra arguments go to pytest, after these (`-n 0`: one process).
 workers=$(nproc 2>/dev/null || echo 1)
 [ "$workers" -le 4 ] || workers=4
 export OMP_NUM_THREADS=1
 echo "[tests] running the test suite on $workers worker(s) (real fairseq CLIs on real data slices)"
-exec .venv/bin/python -m pytest -n "$workers" --dist loadfile --durations=25 "$@"
+exec .venv/bin/python -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder --durations=25 "$@"

@@ -46,10 +46,39 @@ def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "fast: the fast subset (conftest.FAST_MODULES)")
 
 
+#: The slowest test modules, slowest first (wall time per module in a full run on 2 cores: the
+#: table that :func:`pytest_terminal_summary` prints at the end). ``scripts/run_tests.sh`` runs
+#: whole modules side by side (``--dist loadfile --no-loadscope-reorder``) in collection order,
+#: so these start first and the workers finish together; otherwise a long module started last
+#: leaves one core idle for its whole length.
+SLOWEST_FIRST = (
+    "test_gpu_check", "test_python312", "test_recipes", "test_decoding_options",
+    "test_recipe_inputs", "test_parsing_recipe", "test_benchmark_engines", "test_serving",
+    "test_fault_classes", "test_ablation", "test_benchmark", "test_ctranslate2",
+)
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if item.path.stem in FAST_MODULES:
             item.add_marker(pytest.mark.fast)
+    rank = {name: position for position, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """The slowest modules by wall time (set-up, call and tear-down of their tests), to keep
+    :data:`SLOWEST_FIRST` true."""
+    seconds: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if isinstance(report, pytest.TestReport):
+                module = report.nodeid.split("::")[0]
+                seconds[module] = seconds.get(module, 0.0) + report.duration
+    if len(seconds) > 1:
+        terminalreporter.write_sep("=", "slowest 15 modules (seconds, all their tests)")
+        for module, total in sorted(seconds.items(), key=lambda kv: -kv[1])[:15]:
+            terminalreporter.write_line(f"{total:8.1f}s {module}")
 
 
 SHARED_DATA = Path(os.environ.get("VASWANI_SHARED_DATA", REPO.parent / "shared" / "data"))
