@@ -130,6 +130,7 @@ export TRAIN_TASK=${TRAIN_TASK:-vaswani_translation}
 AVERAGE_LAST=${AVERAGE_LAST:-$PAPER_BASE_AVERAGE_LAST}
 require_int MAX_UPDATE; require_int AVERAGE_LAST; require_int SAVE_INTERVAL_UPDATES
 VALIDATE_FROM=$(( MAX_UPDATE - (AVERAGE_LAST - 1) * SAVE_INTERVAL_UPDATES ))
+[ "$VALIDATE_FROM" -ge 0 ] || VALIDATE_FROM=0  # a run shorter than the averaged span
 VALIDATION_ARGS="--validate-interval 1000 --validate-after-updates $VALIDATE_FROM"
 case "$EVAL_BLEU" in
   1)
