@@ -20,7 +20,8 @@ fi
 # OMP_NUM_THREADS=1), so the files run side by side, one pytest-xdist worker per core (at most
 # 4), each worker taking whole files (a module's fixtures are built once), the slowest files
 # first (tests/conftest.py, SLOWEST_FIRST) so that the workers finish together. The 25 slowest
-# tests and the 15 slowest files are listed at the end. Extra arguments go to pytest, after these (`-n 0`: one process).
+# tests and the 15 slowest files are listed at the end. Extra arguments go to pytest, after
+# these (`-n 0`: one process).
 workers=$(nproc 2>/dev/null || echo 1)
 [ "$workers" -le 4 ] || workers=4
 export OMP_NUM_THREADS=1
