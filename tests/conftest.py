@@ -52,9 +52,10 @@ def pytest_configure(config) -> None:
 #: so these start first and the workers finish together; otherwise a long module started last
 #: leaves one core idle for its whole length.
 SLOWEST_FIRST = (
-    "test_gpu_check", "test_python312", "test_recipes", "test_decoding_options",
-    "test_recipe_inputs", "test_parsing_recipe", "test_benchmark_engines", "test_serving",
-    "test_fault_classes", "test_ablation", "test_benchmark", "test_ctranslate2",
+    "test_decoding_options", "test_faults", "test_gpu_check", "test_recipes",
+    "test_recipe_inputs", "test_fault_classes", "test_python312", "test_precision",
+    "test_model_package", "test_parsing_recipe", "test_serving", "test_ablation",
+    "test_ctranslate2", "test_benchmark_engines", "test_fault_classes_inputs",
 )
 
 
