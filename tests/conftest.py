@@ -15,6 +15,7 @@ import argparse
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -70,15 +71,14 @@ def pytest_collection_modifyitems(config, items) -> None:
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     """The slowest modules by wall time (set-up, call and tear-down of their tests), to keep
     :data:`SLOWEST_FIRST` true."""
-    seconds: dict[str, float] = {}
+    seconds: Counter[str] = Counter()
     for reports in terminalreporter.stats.values():
         for report in reports:
             if isinstance(report, pytest.TestReport):
-                module = report.nodeid.split("::")[0]
-                seconds[module] = seconds.get(module, 0.0) + report.duration
+                seconds[report.nodeid.split("::")[0]] += report.duration
     if len(seconds) > 1:
         terminalreporter.write_sep("=", "slowest 15 modules (seconds, all their tests)")
-        for module, total in sorted(seconds.items(), key=lambda kv: -kv[1])[:15]:
+        for module, total in seconds.most_common(15):
             terminalreporter.write_line(f"{total:8.1f}s {module}")
 
 
