@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
+import forked_cli
 import pytest
 import torch
 
@@ -161,7 +161,7 @@ def packaged_tiny_model(tmp_path_factory) -> SimpleNamespace:
     prep = run_prepare("wmt14_en_de", root / "raw", root / "work", BPE_OPS="300")
     model = train_tiny(prep, root, "en", "de", updates=4)
     package = root / "the package"
-    proc = subprocess.run([*command("package"), str(model.checkpoint), "--data-dir",
+    proc = forked_cli.run([*command("package"), str(model.checkpoint), "--data-dir",
                            str(model.data_bin), "--output", str(package)], text=True,
                           capture_output=True, env=fairseq_env(), timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr
@@ -293,7 +293,7 @@ def shipping_models(multi30k_bin) -> SimpleNamespace:
             "--required-batch-size-multiple", "1", "--log-interval", "50",
         ])
         average = save_dir / "checkpoint_avg.pt"
-        proc = subprocess.run(
+        proc = forked_cli.run(
             [*command("average_checkpoints"), "--inputs",
              str(save_dir), "--num-epoch-checkpoints", "2", "--output", str(average)],
             env=fairseq_env(), capture_output=True, text=True, timeout=300, check=False,

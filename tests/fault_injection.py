@@ -24,6 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_cli
 from cli import REPO, fairseq_env
 
 WRAPPER = r'''
@@ -181,7 +182,7 @@ def fault_env(**faults) -> dict:
 
 def run_wrapped_args(directory: Path, args: list, **faults) -> subprocess.CompletedProcess:
     """Run fairseq-train with ``args`` through :data:`WRAPPER`, with the faults set."""
-    return subprocess.run(wrapped_command(directory, args), env=fault_env(**faults),
+    return forked_cli.run(wrapped_command(directory, args), env=fault_env(**faults),
                           capture_output=True, text=True, timeout=600)
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import forked_cli
 from cli import PAPER_OPTIMIZATION_ARGS, REPO, USER_DIR, run_fairseq
 
 PREPARE = REPO / "recipes" / "steps" / "prepare.sh"
@@ -41,7 +41,7 @@ def run_prepare(pair: str, raw_dir: Path, work_dir: Path, **settings: str) -> Pa
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.update(WORK_DIR=str(work_dir), RAW_DIR=str(raw_dir), WORKERS="1",
                OMP_NUM_THREADS="1", **settings)
-    proc = subprocess.run(["bash", str(PREPARE), pair], env=env, capture_output=True,
+    proc = forked_cli.run(["bash", str(PREPARE), pair], env=env, capture_output=True,
                           text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return work_dir / "prepared"

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+import forked_cli
 from cli import REPO, command, fairseq_env
 
 LISTENING = re.compile(r"vaswani-serve: listening on (http://\S+)")
@@ -120,7 +121,7 @@ def hub_model_dir(trained, directory):
 
 def ctranslate2_export(trained, output, *args: str):
     """The CTranslate2 export of ``trained``'s last checkpoint, written by the command line."""
-    proc = subprocess.run(
+    proc = forked_cli.run(
         [sys.executable, "-m", "user_plugin.export",
          str(trained.checkpoint_dir / "checkpoint_last.pt"), "--data-dir", str(trained.data_bin),
          "--to", "ctranslate2", "--output", str(output), *args],

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import forked_cli
 import pytest
 from cli import REPO, command, fairseq_env, run_fairseq
 from conftest import SHARED_DATA, require_data, tokenize_file
@@ -44,7 +45,7 @@ def recipe_env(data_bin: Path, ablation_dir: Path, **extra: str) -> dict:
 
 
 def run_recipe(env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(ABLATION_SH), PAIR], env=env, capture_output=True,
+    return forked_cli.run(["bash", str(ABLATION_SH), PAIR], env=env, capture_output=True,
                           text=True, timeout=900, check=False)
 
 
@@ -192,7 +193,7 @@ def test_collect_reports_a_missing_log_in_one_line(ablation, tmp_path):
     out = tmp_path / "results"
     shutil.copytree(ablation.out, out)
     (out / VARIANTS[0] / "validate.log").unlink()
-    proc = subprocess.run(
+    proc = forked_cli.run(
         [*command("ablation_table"), "collect", "--results-dir", str(out),
          "--output", str(out / "new.md")],
         capture_output=True, text=True, env=fairseq_env(), timeout=120, check=False,

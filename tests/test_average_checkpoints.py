@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 import torch
 from cli import command
@@ -172,7 +172,7 @@ def test_truncated_checkpoint_is_a_one_line_error_of_the_script(tmp_path):
     data = (tmp_path / "good.pt").read_bytes()
     (tmp_path / "truncated.pt").write_bytes(data[: len(data) // 2])
     (tmp_path / "cwd").mkdir()
-    result = subprocess.run(
+    result = forked_cli.run(
         [*command("average_checkpoints"), "--inputs", "../good.pt", "../truncated.pt",
          "--output", "../avg.pt"],
         cwd=tmp_path / "cwd", capture_output=True, text=True, timeout=120, check=False)
@@ -240,7 +240,7 @@ TINY_MODEL = ["--arch", "vaswani_base", "--encoder-layers", "1", "--decoder-laye
 
 def fairseq(module: str, *args: str, cwd: Path) -> str:
     """Run a fairseq command line (``python -m fairseq_cli.<module>``); its output."""
-    result = subprocess.run([sys.executable, "-m", f"fairseq_cli.{module}", *args], cwd=cwd,
+    result = forked_cli.run([sys.executable, "-m", f"fairseq_cli.{module}", *args], cwd=cwd,
                             capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     return result.stdout + result.stderr

@@ -6,9 +6,9 @@ checks what makes its ratios meaningful.
 
 import json
 import math
-import subprocess
 import sys
 
+import forked_cli
 import pytest
 from conftest import MULTI30K, REPO, require_data
 
@@ -24,7 +24,7 @@ def test_benchmark_runs_both_models_on_the_same_work_and_reports_ratios(tmp_path
         "--decode-sweep-sentences", "2", "--work-dir", str(tmp_path / "work"),
         "--json-out", str(out),
     ]
-    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
+    proc = forked_cli.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
     # same weights and batches: without dropout the first training loss is the same

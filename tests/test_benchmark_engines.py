@@ -5,9 +5,9 @@ it on a small trained model and checks what makes its table meaningful."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
+import forked_cli
 import pytest
 from cli import REPO, fairseq_env
 
@@ -26,7 +26,7 @@ def test_engines_decode_the_same_sentences_and_report_speed_bleu_agreement(shipp
         "--work-dir", str(tmp_path / "work"), "--threads", "1", "--repeats", "2",
         "--json-out", str(out), "--markdown-out", str(markdown),
     ]
-    proc = subprocess.run(command, env={**fairseq_env(), "PYTHONPATH": str(REPO)},
+    proc = forked_cli.run(command, env={**fairseq_env(), "PYTHONPATH": str(REPO)},
                           capture_output=True, text=True, timeout=1200, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -58,7 +58,7 @@ def test_engines_decode_the_same_sentences_and_report_speed_bleu_agreement(shipp
     assert table.count("\n") == 2 + 5 and "| ct2-int8 |" in table
     assert proc.stdout.count("exporting") == 3
     # a second run reuses the exports
-    again = subprocess.run(command[:-4] + ["--repeats", "1", "--engines", "ct2-float32"],
+    again = forked_cli.run(command[:-4] + ["--repeats", "1", "--engines", "ct2-float32"],
                            env={**fairseq_env(), "PYTHONPATH": str(REPO)},
                            capture_output=True, text=True, timeout=600, check=False)
     assert again.returncode == 0, again.stderr[-2000:]

@@ -13,9 +13,9 @@ host-device synchronisations per update of real ``fairseq-train`` processes
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
+import forked_cli
 from conftest import REPO, SHARED_DATA, require_data
 
 from user_plugin.measurement.host_benchmark import RECORD_KEYS
@@ -26,7 +26,7 @@ NEWSTEST = SHARED_DATA / "newstest2014-en-de"
 def test_tiny_host_benchmark_counts_stock_and_ours(tmp_path):
     require_data(NEWSTEST)
     out, details = tmp_path / "host.json", tmp_path / "details.json"
-    proc = subprocess.run(
+    proc = forked_cli.run(
         [sys.executable, str(REPO / "scripts" / "benchmark_host.py"), "--json-out", str(out),
          "--details", str(details), "--lengths", str(NEWSTEST), "--layers", "1",
          "--runs", "stock-fp32,ours-fp32,ours-bf16", "--work-dir", str(tmp_path)],
@@ -51,7 +51,7 @@ def test_tiny_host_benchmark_counts_stock_and_ours(tmp_path):
 
 
 def test_an_unknown_run_is_one_error_line(tmp_path):
-    proc = subprocess.run(
+    proc = forked_cli.run(
         [sys.executable, str(REPO / "scripts" / "benchmark_host.py"), "--json-out",
          str(tmp_path / "x.json"), "--runs", "ours-fp8"], capture_output=True, text=True,
         timeout=120)

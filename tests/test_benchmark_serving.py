@@ -6,9 +6,9 @@ exits 0 after SIGTERM."""
 
 import json
 import shutil
-import subprocess
 import sys
 
+import forked_cli
 import pytest
 from cli import REPO, fairseq_env
 from conftest import MULTI30K, require_data
@@ -21,7 +21,7 @@ def test_quick_benchmark_runs_on_both_backends(trained_multi30k, tmp_path):
     model = hub_model_dir(trained_multi30k, tmp_path / "model")
     export = ctranslate2_export(trained_multi30k, tmp_path / "ct2", "--quantization", "int8")
     out = tmp_path / "serving.json"
-    proc = subprocess.run(
+    proc = forked_cli.run(
         [sys.executable, str(REPO / "scripts" / "benchmark_serving.py"), "--quick",
          "--fairseq", str(model), "--fairseq-args", "--source-lang en --target-lang de",
          "--ctranslate2", str(export),

@@ -1,6 +1,7 @@
 """The product as a user runs it: fairseq-preprocess, fairseq-train with our model, criterion
 and scheduler, resume from checkpoint_last.pt, fairseq-generate, on real Multi30k text."""
 
+import forked_cli
 import pytest
 import torch
 from cli import USER_DIR, hypotheses, json_log_records, run_fairseq
@@ -128,11 +129,10 @@ def test_paper_values_are_the_defaults_of_vaswani_base():
 
 
 def test_model_options_script_lists_every_option_with_its_default():
-    import subprocess
 
     from cli import command
 
-    proc = subprocess.run(command("model_options"),
+    proc = forked_cli.run(command("model_options"),
                           capture_output=True, text=True, check=True)
     for option in [*FAIRSEQ_TRANSFORMER_OPTIONS, *FAIRSEQ_TRANSFORMER_FLAGS, "--label-smoothing",
                    "--warmup-updates", "--lr-scale", "--attention-key-dim",
@@ -145,19 +145,18 @@ def test_model_options_script_lists_every_option_with_its_default():
 def test_model_options_show_the_asked_architectures_defaults_and_refuse_others():
     """vaswani-options --arch vaswani_big printed base's defaults, and --arch nonexistent
     exited 0 printing everything: neither said what was asked."""
-    import subprocess
 
     from cli import command
 
     def defaults(arch: str) -> str:
-        proc = subprocess.run([*command("model_options"), "--arch", arch], capture_output=True,
+        proc = forked_cli.run([*command("model_options"), "--arch", arch], capture_output=True,
                               text=True, check=True)
         return " ".join(proc.stdout.split())
 
     assert "d_model of the encoder (default: 1024)" in defaults("vaswani_big")
     assert "d_model of the encoder (default: 512)" in defaults("vaswani_base")
     assert "(default: 4)" in defaults("vaswani_table3_c_layers4")  # layers of that row
-    proc = subprocess.run([*command("model_options"), "--arch", "nonexistent"],
+    proc = forked_cli.run([*command("model_options"), "--arch", "nonexistent"],
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 2 and proc.stdout == ""
     assert "argument --arch: invalid choice: 'nonexistent'" in proc.stderr

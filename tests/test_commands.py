@@ -9,10 +9,10 @@ from __future__ import annotations
 import ast
 import importlib
 import re
-import subprocess
 import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 from cli import REPO
 
@@ -98,7 +98,7 @@ def test_nothing_imports_a_script(folder):
 
 
 def test_python_dash_m_user_plugin_prints_the_user_dir(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "user_plugin"], cwd=REPO, capture_output=True,
+    proc = forked_cli.run([sys.executable, "-m", "user_plugin"], cwd=REPO, capture_output=True,
                           text=True, check=True)
     printed = Path(proc.stdout.strip())
     assert printed == REPO / "user_plugin"

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 
+import forked_cli
 import pytest
 from cli import REPO, fairseq_env
 from conftest import SHIPPING_VARIANTS, our_checkpoint_with
@@ -36,7 +37,7 @@ SENTENCES = ["A man in a red shirt is riding a bicycle down the street.",
 
 
 def export(*args) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return forked_cli.run(
         [sys.executable, "-m", "user_plugin.export", *map(str, args)],
         env={**fairseq_env(), "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
         timeout=600, check=False,
@@ -166,7 +167,7 @@ def test_hub_backend_translates_strings_lists_and_nbest(shipping_models, exports
 
 
 def test_hub_command_line_backend(exports, tmp_path):
-    proc = subprocess.run(
+    proc = forked_cli.run(
         [sys.executable, "-m", "user_plugin.hub", str(exports["postnorm_shared"]),
          "--backend", "ctranslate2"], input="\n".join(SENTENCES) + "\n",
         env={**fairseq_env(), "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
@@ -233,7 +234,7 @@ def test_corrupt_or_mixed_directory_is_one_error_line(damage, exports, tmp_path)
     with pytest.raises(ArtifactError, match=named) as raised:
         load_translator(directory, backend="ctranslate2")
     assert "\n" not in str(raised.value)
-    proc = subprocess.run(
+    proc = forked_cli.run(
         [sys.executable, "-m", "user_plugin.hub", str(directory), "--backend", "ctranslate2"],
         input="A dog.\n", env={**fairseq_env(), "PYTHONPATH": str(REPO)},
         capture_output=True, text=True, timeout=300, check=False, cwd=tmp_path,

@@ -18,17 +18,18 @@ checks; ``--replace-unk``'s alignment formats; the hub's decoding options.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
 
+import forked_cli
 import pytest
 import torch
 from cli import REPO, USER_DIR, fairseq_env, run_fairseq
 from conftest import TINY, build_vaswani, fake_task, make_dictionary, random_batch
+from forked_cli import run_python
 
 ALPHA = 0.6
 SENTENCES = 30  # test sentences decoded per run
@@ -40,7 +41,7 @@ SENTENCES = 30  # test sentences decoded per run
 def export_to_fairseq(checkpoint: Path, data_bin: Path, output: Path) -> Path:
     """Our checkpoint as one of fairseq's own ``transformer`` (``python -m user_plugin.export
     --to fairseq``: the same function, our §3.5 sinusoids held as its learned table)."""
-    proc = subprocess.run(
+    proc = forked_cli.run(
         [sys.executable, "-m", "user_plugin.export", str(checkpoint), "--data-dir",
          str(data_bin), "--to", "fairseq", "--output", str(output)],
         cwd=REPO, env=fairseq_env(), capture_output=True, text=True, timeout=600,
@@ -114,9 +115,7 @@ def decode(setup, task: str, paths: str, extra: list, tool: str = "generate",
         args = [data, *args]
     args = [str(a) for a in [*args, *extra]]
     if reseed:
-        cmd = [sys.executable, str(REPO / "tests" / "reseeded_generate.py"), *args]
-        proc = subprocess.run(cmd, env=fairseq_env(), capture_output=True, text=True,
-                              timeout=600)
+        proc = run_python([REPO / "tests" / "reseeded_generate.py", *args], fairseq_env())
         assert proc.returncode == 0, proc.stderr[-3000:]
     else:
         proc = run_fairseq(tool, args)

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import forked_cli
 import pytest
 import torch
 from cli import REFUSE_OUR_PLUGIN, REPO, USER_DIR, fairseq_env, hypotheses, run_fairseq
@@ -47,7 +48,7 @@ DECODING = ["--gen-subset", "test", "--beam", "4", "--lenpen", "0.6", "--max-len
 
 
 def export(*args, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return forked_cli.run(
         [sys.executable, "-m", "user_plugin.export", *map(str, args)], cwd=cwd,
         env={**fairseq_env(), "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
         timeout=600, check=False,
@@ -59,7 +60,7 @@ def stock_generate(data_bin, path, tmp_path) -> subprocess.CompletedProcess:
     # stock fairseq loads under torch >= 2.6 only with weights_only loading off, as its own
     env = {**fairseq_env(), "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
     env.pop("PYTHONPATH", None)
-    return subprocess.run(
+    return forked_cli.run(
         [sys.executable, "-c", STOCK_GENERATE, str(data_bin), "--path", str(path), *DECODING],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False,
     )

@@ -3,9 +3,9 @@ vaswani's plugin, registers a model whose feed-forward block (§3.3) is a gated 
 trains and decodes with the real fairseq-train and fairseq-generate."""
 
 import json
-import subprocess
 import sys
 
+import forked_cli
 import pytest
 import torch
 from cli import (
@@ -53,7 +53,7 @@ print(json.dumps({
 ], ids=["plugin-then-example", "example-then-plugin"])
 def test_loading_both_user_dirs_registers_each_once(order, tmp_path):
     """fairseq takes one --user-dir; the example loads ours, in any order, without duplicates."""
-    proc = subprocess.run(
+    proc = forked_cli.run(
         [sys.executable, "-c", REGISTRY_REPORT, *map(str, order)], cwd=tmp_path,
         env=fairseq_env(), capture_output=True, text=True, timeout=120, check=False,
     )

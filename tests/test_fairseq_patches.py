@@ -7,9 +7,9 @@ a process that loaded the plugin.)"""
 
 import json
 import logging
-import subprocess
 import sys
 
+import forked_cli
 import pytest
 from cli import REPO, fairseq_env
 
@@ -91,7 +91,7 @@ def run_python(code, env_value, *args):
     env.pop(ENV_VAR, None)
     if env_value is not None:
         env[ENV_VAR] = env_value
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, env=env,
+    return forked_cli.run([sys.executable, "-c", code, *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300, check=False)
 
 

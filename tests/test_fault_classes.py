@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 import torch
 from cli import REPO, command
@@ -113,7 +114,7 @@ def test_export_onto_its_input_checkpoint_is_refused(tmp_path):
     checkpoint = tiny_checkpoint(tmp_path / "checkpoint_avg.pt")
     before = snapshot(tmp_path)
     for target in ("fairseq", "ctranslate2"):
-        proc = subprocess.run(
+        proc = forked_cli.run(
             [sys.executable, "-m", "user_plugin.export", str(checkpoint), "--data-dir",
              str(tmp_path), "--to", target, "--output", str(checkpoint)],
             cwd=REPO, capture_output=True, text=True, check=False,
@@ -296,7 +297,7 @@ def test_averaging_keeps_a_matching_fingerprint_and_notes_a_missing_one(tmp_path
 def run_cli(tool: str, args: list) -> subprocess.CompletedProcess:
     from cli import fairseq_env
 
-    return subprocess.run([sys.executable, "-m", f"fairseq_cli.{tool}", *map(str, args)],
+    return forked_cli.run([sys.executable, "-m", f"fairseq_cli.{tool}", *map(str, args)],
                           cwd=REPO, env=fairseq_env(), capture_output=True, text=True,
                           timeout=600, check=False)
 
@@ -462,7 +463,7 @@ def test_an_empty_or_cut_dictionary_is_named_as_such(damage, words, trained_mult
 
 
 def test_hub_beam_0_blames_the_beam(trained_multi30k):
-    proc = subprocess.run([sys.executable, "-m", "user_plugin.hub",
+    proc = forked_cli.run([sys.executable, "-m", "user_plugin.hub",
                            str(trained_multi30k.checkpoint_dir), "--beam", "0"],
                           cwd=REPO, input="", capture_output=True, text=True, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
@@ -475,7 +476,7 @@ def test_export_refuses_bpe_codes_that_do_not_fit_the_dictionaries(trained_multi
     lines = ["#version: 0.2", *[f"q{i} z{i}</w>" for i in range(50)]]
     codes.write_text("\n".join(lines) + "\n", encoding="utf-8")
     output = tmp_path / "export"
-    proc = subprocess.run(
+    proc = forked_cli.run(
         [sys.executable, "-m", "user_plugin.export",
          str(trained_multi30k.checkpoint_dir / "checkpoint_last.pt"), "--data-dir",
          str(trained_multi30k.data_bin), "--to", "ctranslate2", "--output", str(output),
@@ -545,7 +546,7 @@ def test_prepare_text_never_writes_over_its_input(tmp_path):
     before = snapshot(tmp_path)
     for argv in (["normalize", "--lang", "de", text, text],
                  ["detokenize", "--lang", "de", text, text]):
-        proc = subprocess.run([*command("prepare_text"), *map(str, argv)], capture_output=True,
+        proc = forked_cli.run([*command("prepare_text"), *map(str, argv)], capture_output=True,
                               text=True, check=False)
         assert proc.returncode == 1 and "is also an input" in one_error_line(proc.stderr)
     assert snapshot(tmp_path) == before
@@ -553,7 +554,7 @@ def test_prepare_text_never_writes_over_its_input(tmp_path):
 
 @pytest.mark.parametrize("option", ["--lenpen", "--temperature", "--sampling-topp"])
 def test_hub_refuses_numbers_that_are_not_finite(option, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "user_plugin.hub", str(tmp_path), option,
+    proc = forked_cli.run([sys.executable, "-m", "user_plugin.hub", str(tmp_path), option,
                            "nan"], cwd=REPO, input="", capture_output=True, text=True,
                           check=False)
     assert proc.returncode == 2 and f"argument {option}: must be a number " in proc.stderr
@@ -566,7 +567,7 @@ def test_export_never_writes_over_a_dictionary_it_reads(tmp_path):
     data.mkdir()
     (data / "dict.en.txt").write_text("a 1\n", encoding="utf-8")
     before = snapshot(tmp_path)
-    proc = subprocess.run(
+    proc = forked_cli.run(
         [sys.executable, "-m", "user_plugin.export", str(checkpoint), "--data-dir", str(data),
          "--to", "fairseq", "--output", str(data / "dict.en.txt")],
         cwd=REPO, capture_output=True, text=True, check=False,
@@ -586,7 +587,7 @@ def test_one_language_given_alone_is_refused_by_the_papers_task(trained_multi30k
 
 
 def test_hub_refuses_a_top_p_that_is_no_probability(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "user_plugin.hub", str(tmp_path), "--sampling",
+    proc = forked_cli.run([sys.executable, "-m", "user_plugin.hub", str(tmp_path), "--sampling",
                            "--sampling-topp", "2"], cwd=REPO, input="", capture_output=True,
                           text=True, check=False)
     assert proc.returncode == 2 and "argument --sampling-topp: must be a number in (0, 1], or " \
@@ -617,7 +618,7 @@ def test_hub_and_export_refuse_checkpoints_of_other_training_data(trained_multi3
         str(info.value)
     reordered = reordered_data_bin(trained_multi30k.data_bin, tmp_path / "reordered")
     before = snapshot(tmp_path)
-    proc = subprocess.run(
+    proc = forked_cli.run(
         [sys.executable, "-m", "user_plugin.export", str(last), "--data-dir", str(reordered),
          "--to", "fairseq", "--output", str(tmp_path / "exported.pt")],
         cwd=REPO, capture_output=True, text=True, check=False,

@@ -19,6 +19,7 @@ import sys
 import unicodedata
 from pathlib import Path
 
+import forked_cli
 import pytest
 import torch
 from cli import REPO, USER_DIR, command, fairseq_env
@@ -64,13 +65,13 @@ def error_line(stderr: str) -> str:
 
 def fairseq_tool(tool: str, args: list, stdin: str | None = None,
                  env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", f"fairseq_cli.{tool}", *map(str, args)],
+    return forked_cli.run([sys.executable, "-m", f"fairseq_cli.{tool}", *map(str, args)],
                           cwd=REPO, env=env or fairseq_env(), input=stdin, capture_output=True,
                           text=True, timeout=600, check=False)
 
 
 def hub_cli(args: list, stdin: str = "") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "user_plugin.hub", *map(str, args)],
+    return forked_cli.run([sys.executable, "-m", "user_plugin.hub", *map(str, args)],
                           cwd=REPO, env=fairseq_env(), input=stdin, capture_output=True,
                           text=True, timeout=600, check=False)
 
@@ -161,7 +162,7 @@ def test_the_recipes_lenpen_reaches_generate_and_is_refused(trained_multi30k):
               'printf "%s\\n" "${DECODING_ARGS[@]}"')
     env = {**os.environ, "COMMON": str(REPO / "recipes" / "common.sh"), "LENPEN": "nan",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
+    proc = forked_cli.run(["bash", "-c", script], env=env, capture_output=True, text=True,
                           check=False)
     assert proc.returncode == 0, proc.stderr
     recipe_args = proc.stdout.splitlines()
@@ -249,13 +250,13 @@ def test_training_text_is_normalized_and_the_form_recorded(tmp_path):
     raw = tmp_path / "train.de"
     raw.write_text(decomposed(SOURCE) + "\n", encoding="utf-8")
     out = tmp_path / "train.tok.de"
-    proc = subprocess.run([*command("prepare_text"), "normalize", "--lang", "de", str(raw),
+    proc = forked_cli.run([*command("prepare_text"), "normalize", "--lang", "de", str(raw),
                            str(out)], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     assert out.read_text(encoding="utf-8") == unicodedata.normalize("NFC", SOURCE) + "\n"
     codes = tmp_path / "bpe.codes"
     codes.write_text("#version: 0.2\nM ä\n", encoding="utf-8")
-    proc = subprocess.run([*command("prepare_text"), "write-pipeline", "--source-lang", "en",
+    proc = forked_cli.run([*command("prepare_text"), "write-pipeline", "--source-lang", "en",
                            "--target-lang", "de", "--subword", "bpe", "--model", str(codes),
                            "--output", str(tmp_path / RECORD_NAME)],
                           capture_output=True, text=True, check=False)
@@ -300,7 +301,7 @@ def test_the_scorer_compares_text_in_one_normalization_form(tmp_path):
     text = "\n".join([SOURCE, "Ein Mädchen läuft über die Straße .", "Schöne Grüße ."]) + "\n"
     hyp.write_text(text, encoding="utf-8")
     ref.write_text(decomposed(text), encoding="utf-8")
-    proc = subprocess.run([*command("score_translation"), "--hyp", str(hyp), "--ref", str(ref),
+    proc = forked_cli.run([*command("score_translation"), "--hyp", str(hyp), "--ref", str(ref),
                            "--target-lang", "de"], capture_output=True, text=True, check=False)
     assert proc.returncode == 0 and "sacreBLEU: BLEU = 100.00" in proc.stdout
     assert "tokenized BLEU (Moses -l de, with compound splitting, multi-bleu): BLEU = 100.00" \
@@ -317,7 +318,7 @@ REFERENCES = ["Ein Hund läuft über die Wiese.", "Zwei Männer spielen Fußball
 
 
 def score(hyp: Path, ref: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([*command("score_translation"), "--hyp", str(hyp), "--ref", str(ref),
+    return forked_cli.run([*command("score_translation"), "--hyp", str(hyp), "--ref", str(ref),
                            "--target-lang", "de"], capture_output=True, text=True, check=False)
 
 
@@ -327,7 +328,7 @@ def run_suggested(line: str, cwd: Path) -> Path:
     for part in ("vaswani-prepare-text " + quoted[0]).split(" && "):
         argv = shlex.split(part)
         assert argv[0] == "vaswani-prepare-text"
-        proc = subprocess.run([*command("prepare_text"), *argv[1:]], cwd=cwd,
+        proc = forked_cli.run([*command("prepare_text"), *argv[1:]], cwd=cwd,
                               capture_output=True, text=True, check=False)
         assert proc.returncode == 0, proc.stderr
     return cwd / quoted[1]
@@ -429,7 +430,7 @@ def endless(trained_multi30k, tmp_path_factory):
         weights["decoder.output_projection.weight"][never, 0] = -100.0
     torch.save(state, checkpoint)
     export = root / "ct2"
-    proc = subprocess.run([sys.executable, "-m", "user_plugin.export", str(checkpoint),
+    proc = forked_cli.run([sys.executable, "-m", "user_plugin.export", str(checkpoint),
                            "--data-dir", str(trained_multi30k.data_bin), "--to", "ctranslate2",
                            "--output", str(export)], cwd=REPO, env=fairseq_env(),
                           capture_output=True, text=True, timeout=600, check=False)

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import forked_cli
 import pytest
 import torch
 from cli import (
@@ -227,7 +228,7 @@ def test_truncated_checkpoint_through_the_real_commands(tool, reference_run, tmp
         cmd = [*command("plot_attention"), "--checkpoint",
                str(bad), "--data-dir", str(reference_run.data_bin), "--source-lang", "en",
                "--target-lang", "de", "--source", "a man .", "--out-dir", str(out_dir)]
-    proc = subprocess.run(cmd, input="a man .\n", cwd=REPO, env=fairseq_env(),
+    proc = forked_cli.run(cmd, input="a man .\n", cwd=REPO, env=fairseq_env(),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and proc.stdout == ""
     line = one_error_line(proc.stderr)
@@ -248,7 +249,7 @@ def generate_error_line(stderr: str) -> str:
 def test_fairseq_generate_refuses_a_bad_checkpoint_in_one_line(kind, reference_run, tmp_path):
     """fairseq's own loader, through the plugin: the file named, no traceback."""
     bad = bad_checkpoint(kind, tmp_path, reference_run.checkpoint)
-    proc = subprocess.run(
+    proc = forked_cli.run(
         [sys.executable, "-m", "fairseq_cli.generate", str(reference_run.data_bin), "--user-dir",
          USER_DIR, "--path", str(bad), "--cpu", "--gen-subset", "test", "--beam", "1"],
         env=fairseq_env(), capture_output=True, text=True, timeout=300)
@@ -435,7 +436,7 @@ def test_interactive_keeps_one_output_per_input_line_with_empty_lines(reference_
            "--user-dir", USER_DIR, "--task", "vaswani_translation", "--path",
            str(reference_run.checkpoint), "--cpu", "--beam", "2", "--source-lang", "en",
            "--target-lang", "de", "--buffer-size", "2", "--batch-size", "2"]
-    proc = subprocess.run(cmd, input="\n".join(lines) + "\n", env=fairseq_env(),
+    proc = forked_cli.run(cmd, input="\n".join(lines) + "\n", env=fairseq_env(),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     sources = [line.split("\t")[1] if "\t" in line else ""
@@ -660,7 +661,7 @@ def test_every_reader_refuses_a_checkpoint_with_flipped_bytes(tool, reference_ru
                      "--user-dir", USER_DIR, "--path", str(bad), "--cpu", "--gen-subset", "test",
                      "--beam", "1"],
     }
-    proc = subprocess.run(commands[tool], input="a man .\n", cwd=REPO, env=fairseq_env(),
+    proc = forked_cli.run(commands[tool], input="a man .\n", cwd=REPO, env=fairseq_env(),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "H-" not in proc.stdout
     if tool == "generate":
@@ -735,7 +736,7 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(tool, reference_run, tmp_pat
 
 
 def tmpfs_available() -> bool:
-    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
+    probe = forked_cli.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
                            capture_output=True, check=False) if shutil.which("unshare") else None
     return probe is not None and probe.returncode == 0
 
@@ -751,7 +752,7 @@ def test_averaging_onto_a_really_full_disk(reference_run, tmp_path):
               f"{shlex.join(command('average_checkpoints'))} --inputs "
               f"{reference_run.checkpoint} --output {disk / 'avg.pt'}; "
               f"echo status=$?; ls -A {disk}")
-    proc = subprocess.run(["unshare", "-rm", "sh", "-c", script], env=fairseq_env(),
+    proc = forked_cli.run(["unshare", "-rm", "sh", "-c", script], env=fairseq_env(),
                           capture_output=True, text=True, timeout=300)
     assert "status=1" in proc.stdout and proc.stdout.strip().endswith("status=1"), proc.stdout
     line = one_error_line(proc.stderr)
@@ -761,7 +762,7 @@ def test_averaging_onto_a_really_full_disk(reference_run, tmp_path):
 
 def test_the_hub_writing_to_a_full_disk_is_one_line(reference_run):
     with open("/dev/full", "w") as full:
-        proc = subprocess.run(
+        proc = forked_cli.run(
             [sys.executable, "-m", "user_plugin.hub", str(reference_run.data_bin),
              "--checkpoints", str(reference_run.checkpoint), "--source-lang", "en",
              "--target-lang", "de", "--beam", "1"],
@@ -779,7 +780,7 @@ def test_the_hub_writing_to_a_full_disk_is_one_line(reference_run):
 def test_hub_keeps_one_output_line_per_input_line_whatever_the_line_contains(reference_run):
     lines = ["a man\ris walking .", "two dogs\u2028play .", "", "a\x85child\x0csits .",
              "\ufeffa woman .\t"]
-    proc = subprocess.run(
+    proc = forked_cli.run(
         [sys.executable, "-m", "user_plugin.hub", str(reference_run.data_bin), "--checkpoints",
          str(reference_run.checkpoint), "--source-lang", "en", "--target-lang", "de",
          "--beam", "1"],
@@ -795,7 +796,7 @@ def test_hub_keeps_one_output_line_per_input_line_whatever_the_line_contains(ref
 
 
 def test_hub_refuses_input_that_is_not_utf8_in_one_line(reference_run):
-    proc = subprocess.run(
+    proc = forked_cli.run(
         [sys.executable, "-m", "user_plugin.hub", str(reference_run.data_bin), "--checkpoints",
          str(reference_run.checkpoint), "--source-lang", "en", "--target-lang", "de"],
         input=b"a man .\nStra\xdfe .\n", capture_output=True, cwd=REPO, env=fairseq_env(),
@@ -905,7 +906,7 @@ def test_plot_attention_of_a_builtin_transformer_checkpoint(multi30k_bin, tmp_pa
         *PAPER_OPTIMIZATION_ARGS, "--d-model", "64", "--max-update", "2", "--max-tokens", "1000",
         "--save-dir", save_dir, "--disable-validation", "--num-workers", "0"])
     out = tmp_path / "attention"
-    proc = subprocess.run(
+    proc = forked_cli.run(
         [*command("plot_attention"), "--checkpoint",
          str(save_dir / "checkpoint_last.pt"), "--data-dir", str(multi30k_bin.data_bin),
          "--source", "a man is riding a bike .", "--tokenized", "--out-dir", str(out)],

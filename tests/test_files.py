@@ -12,6 +12,7 @@ import subprocess
 import sys
 from fractions import Fraction
 
+import forked_cli
 import pytest
 import torch
 
@@ -358,11 +359,11 @@ def test_uncaught_user_errors_are_one_line_in_any_command(tmp_path):
                       "from user_plugin.files import UserError\n"
                       "raise UserError('data.txt: no such file')\n", encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env)
+    proc = forked_cli.run([sys.executable, str(script)], capture_output=True, text=True, env=env)
     assert proc.returncode == 1 and proc.stderr == "tool.py: error: data.txt: no such file\n"
     script.write_text("import user_plugin.commands  # the table's one_line_errors row\n"
                       "raise KeyError('other errors keep their traceback')\n", encoding="utf-8")
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env)
+    proc = forked_cli.run([sys.executable, str(script)], capture_output=True, text=True, env=env)
     assert proc.returncode == 1 and "Traceback" in proc.stderr
 
 

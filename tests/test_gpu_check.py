@@ -13,6 +13,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+import forked_cli
 import pytest
 from conftest import MULTI30K, REPO, require_data
 
@@ -20,7 +21,7 @@ KIT = REPO / "scripts" / "gpu_check"
 
 
 def run(argv, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *map(str, argv)], capture_output=True, text=True,
+    return forked_cli.run([sys.executable, *map(str, argv)], capture_output=True, text=True,
                           cwd=REPO, env=dict(__import__("os").environ, OMP_NUM_THREADS="1"),
                           **kwargs)
 

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import forked_cli
 import pytest
 from cli import REPO
 
@@ -60,7 +61,7 @@ def clean_env() -> dict:
 
 def run(cmd, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run ``cmd`` in ``cwd`` (outside the repository); raise with its output if it fails."""
-    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=clean_env(), capture_output=True,
+    proc = forked_cli.run([str(c) for c in cmd], cwd=cwd, env=clean_env(), capture_output=True,
                           text=True, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n"

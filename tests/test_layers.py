@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import ast
 import json
-import subprocess
 import sys
 
+import forked_cli
 from cli import REPO
 
 PLUGIN = REPO / "user_plugin"
@@ -53,7 +53,7 @@ print(json.dumps({
 
 
 def test_importing_every_library_module_installs_no_patch_and_registers_nothing():
-    proc = subprocess.run([sys.executable, "-c", IMPORT_EVERY_LIBRARY_MODULE,
+    proc = forked_cli.run([sys.executable, "-c", IMPORT_EVERY_LIBRARY_MODULE,
                            ",".join(LIBRARY_LAYERS)], cwd=REPO, capture_output=True, text=True,
                           timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -67,7 +67,7 @@ def test_the_entry_points_register_once_and_install_the_table():
             "hook = sys.excepthook; register(); from user_plugin import fairseq_patches; "
             "print(json.dumps({'n': len(fairseq_patches.installed()), "
             "'same_hook': sys.excepthook is hook}))")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+    proc = forked_cli.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     from user_plugin.fairseq_patches import PATCHES

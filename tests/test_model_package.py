@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 
+import forked_cli
 import pytest
 from cli import REFUSE_OUR_PLUGIN, REPO, USER_DIR, command, fairseq_env
 from prepared_model import TINY_ARGS
@@ -24,7 +25,7 @@ SENTENCES = ["A man in a blue shirt is riding a bike.", "Two dogs play in the sn
 
 
 def run(module: str, *args, stdin: str = "", **env) -> subprocess.CompletedProcess:
-    return subprocess.run([*command(module), *map(str, args)], input=stdin, text=True,
+    return forked_cli.run([*command(module), *map(str, args)], input=stdin, text=True,
                           capture_output=True, env={**fairseq_env(), **env}, timeout=600,
                           check=False)
 
@@ -212,7 +213,7 @@ def exported_to_fairseq(trained, tmp_path_factory):
 def test_stock_from_pretrained_loads_a_package_exported_to_fairseq(trained, exported_to_fairseq):
     env = {**fairseq_env(), "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
     env.pop("PYTHONPATH", None)
-    proc = subprocess.run([sys.executable, "-c", STOCK_FROM_PRETRAINED,
+    proc = forked_cli.run([sys.executable, "-c", STOCK_FROM_PRETRAINED,
                            str(exported_to_fairseq.parent), str(trained.package)],
                           env=env, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -228,7 +229,7 @@ def test_ctranslate2s_own_converter_converts_the_fairseq_export(trained, exporte
         pytest.skip("ct2-fairseq-converter is not installed (pip install ctranslate2)")
     for flags in (["--user_dir", USER_DIR], ["--unsafe_deserialization"]):
         output = tmp_path / flags[0].strip("-")
-        proc = subprocess.run(
+        proc = forked_cli.run(
             [converter, "--model_path", str(exported_to_fairseq), "--data_dir",
              str(trained.package), "--output_dir", str(output), *flags],
             env=fairseq_env(), capture_output=True, text=True, timeout=600, check=False)

@@ -10,11 +10,11 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from collections import Counter
 from types import SimpleNamespace
 
+import forked_cli
 import pytest
 import torch
 from cli import TINY_MODEL_ARGS, USER_DIR, fairseq_env, json_log_records, run_fairseq
@@ -164,7 +164,7 @@ def test_fairseq_train_with_vaswani_adam_lowers_the_loss_and_resumes(multi30k_bi
 
 def test_memory_efficient_fp16_is_refused_in_one_line(multi30k_bin, tmp_path):
     args = train_args(multi30k_bin.data_bin, tmp_path / "ckpt", 2, "--memory-efficient-fp16")
-    proc = subprocess.run([sys.executable, "-m", "fairseq_cli.train", *map(str, args)],
+    proc = forked_cli.run([sys.executable, "-m", "fairseq_cli.train", *map(str, args)],
                           env=fairseq_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr

@@ -20,6 +20,7 @@ import re
 import socket
 import subprocess
 
+import forked_cli
 import torch
 from cli import json_log_records
 from test_precision import RECIPE_TINY_MODEL, TRAIN_STEP, recipe_environment
@@ -84,7 +85,7 @@ def test_two_cpu_nodes_train_together_as_one_process_would(multi30k_bin, tmp_pat
     assert nodes_cfg["distributed_training"]["distributed_world_size"] == 2
     assert nodes_cfg["optimization"]["update_freq"] == [1]
 
-    single = subprocess.run(["bash", str(TRAIN_STEP), "wmt14_en_de"],
+    single = forked_cli.run(["bash", str(TRAIN_STEP), "wmt14_en_de"],
                             env=recipe_environment(**settings(tmp_path / "one",
                                                               multi30k_bin.data_bin)),
                             capture_output=True, text=True, timeout=900)

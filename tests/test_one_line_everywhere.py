@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 
+import forked_cli
 import pytest
 from cli import REPO, fairseq_env
 from test_fault_classes import error_line, one_error_line, run_cli, tiny_checkpoint, train_into
@@ -71,7 +72,7 @@ def test_a_full_disk_under_the_transformers_export_is_one_line(trained_multi30k,
               str(disk / "hf")]
     script = (f"mount -t tmpfs -o size=256k tmpfs {disk} && cd {shlex.quote(str(REPO))} && "
               f"{shlex.join(export)}; status=$?; ls -A {disk}; exit $status")
-    proc = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True,
+    proc = forked_cli.run(["unshare", "-rm", "sh", "-c", script], capture_output=True,
                           text=True, env=fairseq_env(), timeout=600, check=False)
     lines = [line for line in proc.stderr.splitlines()
              if not line.startswith(("exporting ", "WARNING: no text_pipeline.json"))]
@@ -146,7 +147,7 @@ def test_the_exception_hook_turns_only_what_the_plugin_recognises_into_one_line(
         ("raise ValueError('a bug must stay visible')", 1, None),
     ]:
         script.write_text(header + body + "\n", encoding="utf-8")
-        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+        proc = forked_cli.run([sys.executable, str(script)], capture_output=True, text=True,
                               env=env, check=False)
         assert proc.returncode == status, proc.stderr
         if expected is None:

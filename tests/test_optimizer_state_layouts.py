@@ -20,11 +20,11 @@ from __future__ import annotations
 import logging
 import math
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import forked_cli
 import pytest
 import torch
 from cli import PAPER_OPTIMIZATION_ARGS, USER_DIR, fairseq_env, json_log_records, run_fairseq
@@ -316,7 +316,7 @@ def test_another_optimizers_state_is_one_line_naming_the_way_out(autocast_checkp
 
     # the command line: that one line, status 1, no traceback
     save_dir = fresh_copy(autocast_checkpoint, tmp_path)
-    proc = subprocess.run(
+    proc = forked_cli.run(
         [str(Path(sys.executable).parent / "fairseq-train"), *train_args(
             autocast_checkpoint.data_bin, save_dir, 6, "--bf16", "--optimizer",
             "vaswani_adam")],

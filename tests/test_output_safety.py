@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 import torch
 from cli import REPO
@@ -33,7 +34,7 @@ from user_plugin.files.training_state import (
 
 
 def export(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "user_plugin.export", *map(str, args)],
+    return forked_cli.run([sys.executable, "-m", "user_plugin.export", *map(str, args)],
                           cwd=REPO, capture_output=True, text=True, check=False, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
 

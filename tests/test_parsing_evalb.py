@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 
+import forked_cli
 import pytest
 from cli import command
 
@@ -200,7 +201,7 @@ def test_the_report_has_evalbs_summary_lines():
 
 
 def run_eval(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([*command("parse_eval"), *map(str, args)], capture_output=True,
+    return forked_cli.run([*command("parse_eval"), *map(str, args)], capture_output=True,
                           text=True, check=False)
 
 

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import forked_cli
 import pytest
 from conftest import REPO
 from fairseq.data import Dictionary
@@ -53,7 +54,7 @@ def recipe_env(**overrides) -> dict:
 
 
 def run_recipe(script: str, env: dict, timeout: int = 900) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(RECIPE / script)], env=env, capture_output=True,
+    return forked_cli.run(["bash", str(RECIPE / script)], env=env, capture_output=True,
                           text=True, timeout=timeout, check=False)
 
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections import Counter
 
+import forked_cli
 import pytest
 from cli import REPO, command
 from hypothesis import given, settings
@@ -79,7 +80,7 @@ def tree(text: str) -> Tree:
 
 
 def run_script(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([*command("prepare_trees"), *map(str, args)], capture_output=True,
+    return forked_cli.run([*command("prepare_trees"), *map(str, args)], capture_output=True,
                           text=True, check=False)
 
 
@@ -370,6 +371,6 @@ def test_delinearize_cli_counts_repairs_and_fallbacks(tmp_path):
 
 def test_the_translation_path_does_not_import_nltk():
     code = "import sys, user_plugin; print('nltk' in sys.modules)"
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+    result = forked_cli.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                             text=True, check=True)
     assert result.stdout.strip() == "False"

@@ -2,9 +2,9 @@
 trained by the real fairseq-train (the ``trained_multi30k`` fixture)."""
 
 import os
-import subprocess
 from pathlib import Path
 
+import forked_cli
 import pytest
 import torch
 from cli import command, fairseq_env
@@ -18,7 +18,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def run_script(*args):
-    return subprocess.run([*command("plot_attention"), *map(str, args)], env=fairseq_env(),
+    return forked_cli.run([*command("plot_attention"), *map(str, args)], env=fairseq_env(),
                           capture_output=True, text=True, timeout=300, check=False)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import forked_cli
 import pytest
 from cli import PAPER_OPTIMIZATION_ARGS, USER_DIR, command, fairseq_env, run_fairseq
 
@@ -19,7 +20,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def run_script(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([*command("plot_training"), *map(str, args)], capture_output=True,
+    return forked_cli.run([*command("plot_training"), *map(str, args)], capture_output=True,
                           text=True, env=fairseq_env(), timeout=300)
 
 

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 
+import forked_cli
 import pytest
 import torch
 from cli import (
@@ -238,7 +239,7 @@ def test_bf16_recipe_trains_resumes_and_its_checkpoint_decodes(multi30k_bin, tmp
     stopped_at = torch.load(last, weights_only=True)["optimizer_history"][-1]["num_updates"]
     assert stopped_at in (10, 20, 30) and not (checkpoints / ".done").exists()
 
-    rerun = subprocess.run(["bash", str(TRAIN_STEP), "wmt14_en_de"], env=env,
+    rerun = forked_cli.run(["bash", str(TRAIN_STEP), "wmt14_en_de"], env=env,
                            capture_output=True, text=True, timeout=900)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"resuming in {checkpoints} (from its newest intact checkpoint)" in rerun.stderr
@@ -263,7 +264,7 @@ def test_bf16_recipe_trains_resumes_and_its_checkpoint_decodes(multi30k_bin, tmp
 
 def test_recipe_precision_settings_fail_with_one_line(tmp_path):
     env = recipe_environment(WORK_DIR=tmp_path / "w", DEVICE="cpu", PRECISION="fp8")
-    result = subprocess.run(["bash", str(TRAIN_STEP), "wmt14_en_de"], env=env,
+    result = forked_cli.run(["bash", str(TRAIN_STEP), "wmt14_en_de"], env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
@@ -355,7 +356,7 @@ def test_memory_efficient_fp16_on_cpu_lowers_the_scale_on_overflow_and_trains(
 def fp16_gradient_errors(loss_scales: str) -> dict:
     """``scripts/fp16_loss_accuracy.py`` run as the command it is (N 256, d 64, V 32000):
     ``{loss scale: {path: {"dh", "dW", "dW_other_rows"}}}`` read from its table."""
-    proc = subprocess.run(
+    proc = forked_cli.run(
         [sys.executable, str(REPO / "scripts" / "fp16_loss_accuracy.py"), "--rows", "256",
          "--dim", "64", "--vocab", "32000", "--loss-scale", loss_scales],
         env=fairseq_env(), capture_output=True, text=True, check=True, timeout=600)
@@ -399,7 +400,7 @@ def test_benchmark_bf16_trains_through_the_training_mechanism(tmp_path):
             "--repeats", "1", "--skip", "decode,sweep,decode-sweep", "--dtype", dtype,
             "--work-dir", str(tmp_path / "work"), "--json-out", str(out),
         ]
-        proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
+        proc = forked_cli.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, proc.stderr[-2000:]
         runs = json.loads(out.read_text())["runs"]["train"]
         first_losses[dtype] = {impl: runs[impl][0]["first_loss"] for impl in runs}

@@ -16,9 +16,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
+import forked_cli
 import pytest
 from conftest import REPO
 
@@ -32,13 +32,13 @@ ON_312 = ("test_equivalence_with_fairseq", "test_fairseq_patches", "test_files",
 def python312() -> str:
     candidates = [os.environ.get("PYTHON312")]
     try:
-        root = subprocess.run(["pyenv", "root"], capture_output=True, text=True).stdout.strip()
+        root = forked_cli.run(["pyenv", "root"], capture_output=True, text=True).stdout.strip()
         candidates += [str(p) for p in sorted(Path(root, "versions").glob("3.12*/bin/python3.12"))]
     except OSError:
         pass
     candidates.append(shutil.which("python3.12"))
     for candidate in candidates:
-        if candidate and subprocess.run([candidate, "-c", "pass"],
+        if candidate and forked_cli.run([candidate, "-c", "pass"],
                                         capture_output=True).returncode == 0:
             return candidate
     pytest.skip("no CPython 3.12 installed (set PYTHON312 to one)")
@@ -48,14 +48,14 @@ def test_fast_subset_passes_on_python_312():
     interpreter = python312()
     venv = REPO / ".venv312"
     env = dict(os.environ, VENV=str(venv), PYTHON=interpreter, OMP_NUM_THREADS="1")
-    setup = subprocess.run(["bash", "scripts/setup_venv.sh"], cwd=REPO, env=env,
+    setup = forked_cli.run(["bash", "scripts/setup_venv.sh"], cwd=REPO, env=env,
                            capture_output=True, text=True, timeout=1800)
     assert setup.returncode == 0, setup.stderr[-3000:]
     probe = "import sys, fairseq; print(sys.version_info[:2], fairseq.__version__)"
-    version = subprocess.run([venv / "bin" / "python", "-c", probe],
+    version = forked_cli.run([venv / "bin" / "python", "-c", probe],
                              capture_output=True, text=True)
     assert version.stdout.startswith("(3, 12)"), version.stdout + version.stderr
-    tests = subprocess.run(
+    tests = forked_cli.run(
         [venv / "bin" / "python", "-m", "pytest", *(f"tests/{name}.py" for name in ON_312),
          "-q", "-o", "addopts=", "-p", "no:cacheprovider", "-W", "ignore"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=2400,

@@ -16,6 +16,7 @@ import stat
 import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 import torch
 from cli import REPO, run_fairseq
@@ -269,13 +270,12 @@ def test_a_directory_that_a_live_training_uses_is_never_emptied(tmp_path):
 def test_the_recipes_gpu_defaults_come_from_training_defaults():
     """recipes/common.sh reads the precision and optimizer, and why, from the one place that the
     GPU kit's figures and the CPU measurements change (user_plugin/training_defaults.py)."""
-    import subprocess
 
     from user_plugin.measurement.cpu import cpu_flags
     from user_plugin.training_defaults import CPU_OPTIMIZER, CUDA_TRAINING_DEFAULTS, cpu_precision
 
     def defaults(*args: str) -> list:
-        return subprocess.run([sys.executable, "-m", "user_plugin.training_defaults", *args],
+        return forked_cli.run([sys.executable, "-m", "user_plugin.training_defaults", *args],
                               cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
 
     for capability, precision in (("7", "fp16"), ("9", CUDA_TRAINING_DEFAULTS["precision"])):

@@ -10,9 +10,9 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
-import subprocess
 from pathlib import Path
 
+import forked_cli
 import pytest
 from conftest import REPO
 
@@ -127,7 +127,7 @@ def test_content_id_is_the_shell_engines_and_ignores_where_the_directory_is(tmp_
     (data / "link").symlink_to("dict.en.txt")
     with open(data / "large.bin", "wb") as handle:  # counted by size only (sparse: fast)
         handle.truncate(steps.CONTENT_HASH_LIMIT + 1)
-    shell = subprocess.run(["bash", "-c", SHELL_CONTENT_ID, "content_id", str(data)],
+    shell = forked_cli.run(["bash", "-c", SHELL_CONTENT_ID, "content_id", str(data)],
                            capture_output=True, text=True, check=True).stdout.strip()
     assert steps.content_id(data) == shell
     assert steps.input_id(data) == shell

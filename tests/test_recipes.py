@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+import forked_cli
 import pytest
 from cli import command, fairseq_env
 from conftest import REPO, SHARED_DATA, require_data
@@ -74,7 +75,7 @@ def recipe_env(**overrides: str) -> dict:
 
 def run_script(script: Path, env: dict, *args: str, check: bool = True,
                timeout: int = 600) -> subprocess.CompletedProcess:
-    result = subprocess.run(["bash", str(script), *args], env=env, capture_output=True,
+    result = forked_cli.run(["bash", str(script), *args], env=env, capture_output=True,
                             text=True, timeout=timeout, check=False)
     if check and result.returncode != 0:
         raise AssertionError(f"{script.name} failed ({result.returncode}):\n"
@@ -89,12 +90,12 @@ def step_script(step: str) -> Path:
 
 def run_with_common(script: str, **env: str) -> subprocess.CompletedProcess:
     """Run a bash script that sources ``recipes/common.sh`` (as ``$COMMON``)."""
-    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=False,
+    return forked_cli.run(["bash", "-c", script], capture_output=True, text=True, check=False,
                           env=recipe_env(COMMON=RECIPES / "common.sh", **env))
 
 
 def run_prepare_text(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([*command("prepare_text"), *map(str, args)],
+    return forked_cli.run([*command("prepare_text"), *map(str, args)],
                           capture_output=True, text=True, check=False)
 
 
@@ -514,7 +515,7 @@ def test_the_chain_leaves_a_package_with_its_scores_that_translates_alone(en_de_
     assert f"sacreBLEU {scores['sacrebleu']['score']:.1f}" in (package / "README.md").read_text(
         encoding="utf-8")
     raw = "A man rides a bike.\nTwo well-known dogs play in the snow.\n"
-    outputs = [subprocess.run([*command("translate"), *map(str, args)], input=raw, text=True,
+    outputs = [forked_cli.run([*command("translate"), *map(str, args)], input=raw, text=True,
                               capture_output=True, env=fairseq_env(), timeout=600, check=False)
                for args in ([package], [work / "base/average/checkpoint_avg.pt", "--data-dir",
                                         work / "data-bin"])]

@@ -1,10 +1,10 @@
 """Checkpoints load under torch's ``weights_only`` safe loading in fairseq's entry points,
 because the plugin allow-lists exactly fairseq's checkpoint types — safe loading stays on."""
 
-import subprocess
 import sys
 from fractions import Fraction
 
+import forked_cli
 import numpy
 import pytest
 import torch
@@ -25,7 +25,7 @@ def checkpoint_with_numpy_meters(trained_multi30k, tmp_path_factory):
 
 def test_plain_torch_refuses_it_without_the_plugin(checkpoint_with_numpy_meters):
     code = f"import torch; torch.load(r'{checkpoint_with_numpy_meters}', weights_only=True)"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    proc = forked_cli.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode != 0 and "Unsupported global" in proc.stderr
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 
+import forked_cli
 import pytest
 from cli import command
 
@@ -121,7 +121,7 @@ def test_mismatched_line_counts_are_a_one_line_error(tmp_path):
     hyp = write(tmp_path / "hyp.de", HYPOTHESES[:2])
     ref = write(tmp_path / "ref.de", REFERENCES)
     output = tmp_path / "bleu.json"
-    result = subprocess.run(
+    result = forked_cli.run(
         [*command("score_translation"), "--hyp", str(hyp), "--ref", str(ref), "--target-lang",
          "de", "--output-json", str(output)],
         capture_output=True, text=True, timeout=120, check=False)

@@ -19,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 
+import forked_cli
 import pytest
 from browser import Chromium
 from cli import REPO, fairseq_env
@@ -58,7 +59,7 @@ def server(model_dir):
 
 def translate_command(model_dir, lines: list[str], *args: str) -> list[str]:
     """vaswani-translate's output lines for ``lines`` on standard input."""
-    proc = subprocess.run(
+    proc = forked_cli.run(
         [sys.executable, "-m", "user_plugin.hub", str(model_dir), *args],
         input="\n".join(lines).encode("utf-8") + b"\n", capture_output=True, timeout=900,
         env={**fairseq_env(), "PYTHONPATH": str(REPO)}, check=False)
@@ -540,7 +541,7 @@ def test_command_errors_are_one_line(model_dir, tmp_path):
     from cli import command
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*command("serve"), *args], capture_output=True, text=True,
+        return forked_cli.run([*command("serve"), *args], capture_output=True, text=True,
                               env=fairseq_env(), timeout=600, check=False)
 
     missing = run(str(tmp_path / "nowhere"), "--port", "0")

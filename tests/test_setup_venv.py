@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 from cli import REPO
 
@@ -40,7 +41,7 @@ def setup(venv: Path, extras: str | None) -> subprocess.CompletedProcess:
     env.update(VENV=str(venv), TORCH_SPEC=TORCH_SPEC, PYTHONPATH=str(REPO))
     if extras is not None:
         env["EXTRAS"] = extras
-    return subprocess.run(["bash", str(REPO / "scripts" / "setup_venv.sh")], env=env,
+    return forked_cli.run(["bash", str(REPO / "scripts" / "setup_venv.sh")], env=env,
                           capture_output=True, text=True, timeout=120, check=False)
 
 

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 
+import forked_cli
 from cli import REPO, USER_DIR, command, fairseq_env
 from test_fault_classes import error_line, run_cli, train_into
 
@@ -30,7 +31,7 @@ def run(module: str, *args, stdin: str | None = SENTENCES, close_stdin: bool = F
     argv = [*command(module), *map(str, args)]
     if close_stdin:
         argv, stdin = ["bash", "-c", 'exec "$@" <&-', "bash", *argv], None
-    return subprocess.run(argv, input=stdin, text=True, stdout=stdout, stderr=subprocess.PIPE,
+    return forked_cli.run(argv, input=stdin, text=True, stdout=stdout, stderr=subprocess.PIPE,
                           env={**fairseq_env(), **env}, timeout=600, check=False)
 
 
@@ -88,13 +89,13 @@ def test_fairseqs_generate_of_our_task_into_a_gone_reader_or_ascii_has_no_traceb
     piped into a reader that is gone: before, a UnicodeEncodeError and a BrokenPipeError
     traceback."""
     argv = generate_argv(packaged_tiny_model)
-    proc = subprocess.run(argv, cwd=REPO, env={**fairseq_env(), "PYTHONIOENCODING": "ascii"},
+    proc = forked_cli.run(argv, cwd=REPO, env={**fairseq_env(), "PYTHONIOENCODING": "ascii"},
                           capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 1 and "standard output's encoding, ascii, cannot write" in \
         error_line(proc.stderr)
     writer = closed_pipe()
     try:
-        proc = subprocess.run(argv, cwd=REPO, env=fairseq_env(), stdout=writer,
+        proc = forked_cli.run(argv, cwd=REPO, env=fairseq_env(), stdout=writer,
                               stderr=subprocess.PIPE, text=True, timeout=600, check=False)
     finally:
         os.close(writer)

@@ -14,10 +14,10 @@ progress line.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 import torch
 from cli import USER_DIR, fairseq_env, hypotheses, json_log_records, run_fairseq
@@ -64,7 +64,7 @@ def generate(data_bin: Path, checkpoint: Path, plugin: bool) -> dict:
             "--lenpen", str(LENPEN), "--batch-size", "16", "--max-len-b", "20",
             "--required-batch-size-multiple", "1"]
     env = {**fairseq_env(), **({} if plugin else {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"})}
-    proc = subprocess.run([sys.executable, "-m", "fairseq_cli.generate", *map(str, args)],
+    proc = forked_cli.run([sys.executable, "-m", "fairseq_cli.generate", *map(str, args)],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return hypotheses(proc.stdout)

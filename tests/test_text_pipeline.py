@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import sys
 
+import forked_cli
 import pytest
 from cli import REPO, fairseq_env
 from conftest import SHARED_DATA, require_data
@@ -130,7 +130,7 @@ def test_transformers_route_gives_the_training_ids(news, tmp_path):
 
 def test_print_tokens_shows_what_the_model_gets(news):
     raw = "\n".join(news.raw[:20]) + "\n"
-    proc = subprocess.run(
+    proc = forked_cli.run(
         [sys.executable, "-m", "user_plugin.hub", str(news.model_dir), "--data-dir",
          str(news.data_bin), "--print-tokens"], input=raw, cwd=REPO, env=fairseq_env(),
         capture_output=True, text=True, timeout=300, check=False)

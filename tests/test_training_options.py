@@ -8,6 +8,7 @@ fairseq's built-in transformer are in ``test_equivalence_with_fairseq.py``."""
 import functools
 from types import SimpleNamespace
 
+import forked_cli
 import pytest
 import torch
 from cli import (
@@ -64,11 +65,10 @@ def test_option_list_equals_fairseq_transformer_but_for_listed_differences():
 
 
 def test_model_options_script_lists_every_option_of_fairseqs_transformer():
-    import subprocess
 
     from cli import command
 
-    proc = subprocess.run(command("model_options"),
+    proc = forked_cli.run(command("model_options"),
                           capture_output=True, text=True, check=True)
     listed = set(proc.stdout.split())
     for strings in model_options("transformer").values():
@@ -372,12 +372,11 @@ def test_checkpoint_from_before_the_options_loads_as_it_was(layerdrop_checkpoint
 
 
 def test_an_unsupported_option_stops_fairseq_train_with_one_line(multi30k_bin, tmp_path):
-    import subprocess
     import sys
 
     from cli import fairseq_env
 
-    proc = subprocess.run(
+    proc = forked_cli.run(
         [sys.executable, "-m", "fairseq_cli.train", str(multi30k_bin.data_bin), "--user-dir",
          USER_DIR, "--cpu", *TINY_MODEL_ARGS, *PAPER_OPTIMIZATION_ARGS, "--base-layers", "1",
          "--max-update", "1", "--max-tokens", "1000", "--save-dir", str(tmp_path)],

@@ -6,9 +6,9 @@ recipe's fairseq-generate path does."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
+import forked_cli
 import pytest
 import torch
 from cli import REPO, USER_DIR, command, fairseq_env, run_fairseq
@@ -190,7 +190,7 @@ def test_fsmt_tokenizer_ids_agree_with_ours_at_the_stated_rate(bpe, tmp_path):
 
 
 def export_cli(*args):
-    return subprocess.run([sys.executable, "-m", "user_plugin.export", *map(str, args)],
+    return forked_cli.run([sys.executable, "-m", "user_plugin.export", *map(str, args)],
                           cwd=REPO, env=fairseq_env(), capture_output=True, text=True,
                           timeout=600, check=False)
 
@@ -229,7 +229,7 @@ def test_the_hub_from_raw_text_scores_as_the_recipe_path(bpe, tmp_path):
     for args in (["extract-hypotheses", "--expected", str(len(bpe.raw_test)), generated,
                   tmp_path / "hyp"],
                  ["detokenize", "--lang", "de", tmp_path / "hyp", tmp_path / "hyp.detok"]):
-        subprocess.run([*command("prepare_text"), *map(str, args)], check=True,
+        forked_cli.run([*command("prepare_text"), *map(str, args)], check=True,
                        capture_output=True, env=fairseq_env())
     recipe = read(tmp_path / "hyp.detok")
     hub_bleu = sacrebleu.corpus_bleu(hub, [bpe.ref_test]).score

@@ -1,0 +1,179 @@
+"""Python command lines run in child processes forked from one that has already imported torch
+and fairseq, so that the suite's hundreds of fairseq commands do not each spend their first
+5 seconds importing the same modules.
+
+Each run is still its own process, run as ``python -m MODULE ARGS`` or ``python SCRIPT ARGS``
+would run it: its own arguments, environment, working directory, ``sys.path`` (the
+working directory or the script's folder, then the interpreter's own entries), output and exit
+status; the module or script executes as ``__main__``; an exception nothing caught goes through
+``sys.excepthook`` (our plugin's one-line errors included) and exits with status 1; ``atexit``
+handlers run. The child imports our plugin itself, through ``--user-dir``, as a fresh process
+does. Only what every run would import first (:data:`PRELOAD`) is imported once, by
+multiprocessing's ``forkserver``, started with one OpenMP thread before torch loads.
+
+The suite's own process imports this module; nothing else does.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import json
+import locale
+import multiprocessing
+import os
+import runpy
+import subprocess
+import sys
+import tempfile
+import types
+from pathlib import Path
+from typing import Mapping, Sequence
+
+#: Imported once by the fork server: torch, and fairseq with every registry, as the first
+#: lines of each fairseq command import them.
+PRELOAD = ["forked_cli", "torch", "fairseq_cli.generate", "fairseq_cli.interactive",
+           "fairseq_cli.train", "fairseq_cli.preprocess"]
+
+_context = multiprocessing.get_context("forkserver")
+_context.set_forkserver_preload(PRELOAD)
+
+
+def _interpreter_path() -> list:
+    """``sys.path`` of a plain ``python -c`` without its first entry (the interpreter's own:
+    standard library, site-packages and their ``.pth`` entries)."""
+    probe = subprocess.run([sys.executable, "-c", "import json, sys; print(json.dumps(sys.path))"],
+                           capture_output=True, text=True, check=True)
+    return json.loads(probe.stdout)[1:]
+
+
+def _child(argv: list, env: dict, cwd: str, base_path: list, stdin: str | None, out: str,
+           err: str) -> None:
+    """In the forked process: become ``python *argv`` and exit with its status."""
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, path, flags in ((0, stdin, os.O_RDONLY), (1, out, os.O_WRONLY | os.O_TRUNC),
+                            (2, err, os.O_WRONLY | os.O_TRUNC)):
+        if path is not None:
+            handle = os.open(path, flags)
+            os.dup2(handle, fd)
+            os.close(handle)
+    if stdin is not None:
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115 (the process's own stdin)
+    option, target, args = (argv[0], argv[1], argv[2:]) if argv[0] in ("-m", "-c") else (
+        None, str(Path(argv[0]).resolve()), argv[1:])
+    first = {"-m": cwd, "-c": ""}.get(option, str(Path(target).parent))
+    sys.path[:] = [first, *base_path]
+    # as the interpreter sets it (runpy restores its own value when an exception leaves)
+    sys.argv = [{"-m": lambda: importlib.util.find_spec(target).origin, "-c": lambda: "-c"}.get(
+        option, lambda: target)(), *args]
+    status = 0
+    try:
+        if option == "-m":
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        elif option == "-c":
+            main = types.ModuleType("__main__")
+            sys.modules["__main__"] = main
+            exec(compile(target, "<string>", "exec"), main.__dict__)
+        else:
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as exit_:
+        if exit_.code is None or isinstance(exit_.code, int):
+            status = exit_.code or 0
+        else:
+            print(exit_.code, file=sys.stderr)
+            status = 1
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        status = 1
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+
+#: Variables read when the interpreter or torch starts: a run whose environment sets them
+#: otherwise than the fork server's cannot be forked from it (PYTHONUNBUFFERED only sets how
+#: the output is buffered, which a captured run does not see).
+STARTUP_VARIABLES = ("PYTHON", "OMP_", "MKL_", "KMP_", "TORCH", "CUDA", "LD_", "MALLOC", "LC_",
+                     "LANG")
+
+_server_env: dict | None = None
+_base_path: list | None = None
+
+
+def _forkable(cmd: Sequence, kwargs: dict) -> bool:
+    if not cmd or str(cmd[0]) != sys.executable or len(cmd) < 2:
+        return False
+    first = str(cmd[1])
+    if first.startswith("-") and first not in ("-m", "-c") or first in ("-m", "-c") and len(
+            cmd) < 3:
+        return False
+    if not kwargs.get("capture_output") or set(kwargs) - {
+            "capture_output", "text", "cwd", "env", "input", "timeout", "check"}:
+        return False
+    env = kwargs.get("env") or os.environ
+
+    def startup(variables: Mapping[str, str]) -> dict:
+        return {k: v for k, v in variables.items()
+                if k.startswith(STARTUP_VARIABLES) and k != "PYTHONUNBUFFERED"}
+
+    return startup(env) == startup(_server_environment())
+
+
+def _server_environment() -> dict:
+    """The fork server's environment: this process's, with one OpenMP thread by default."""
+    return _server_env if _server_env is not None else {
+        **os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+
+
+def run(cmd: Sequence, **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, **kwargs)``, forked from the fork server where ``cmd`` is
+    ``[sys.executable, "-m" MODULE | "-c" CODE | SCRIPT, ...]`` with its output captured and no
+    start-up variable of its own (:data:`STARTUP_VARIABLES`); a real new process otherwise."""
+    if not _forkable(cmd, kwargs):
+        return subprocess.run(cmd, **kwargs)
+    proc = run_python([str(c) for c in cmd[1:]], kwargs.get("env") or dict(os.environ),
+                      cwd=kwargs.get("cwd"), timeout=kwargs.get("timeout"),
+                      input=kwargs.get("input"), text=bool(kwargs.get("text")))
+    if kwargs.get("check") and proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, proc.args, proc.stdout, proc.stderr)
+    return proc
+
+
+def run_python(argv: Sequence[str], env: Mapping[str, str], cwd: Path | str | None = None,
+               timeout: float | None = 600, input: str | bytes | None = None,
+               text: bool = True) -> subprocess.CompletedProcess:
+    """Run ``python *argv`` (``-m MODULE ...``, ``-c CODE ...`` or ``SCRIPT ...``) in a forked
+    child; its output (text or bytes), like ``subprocess.run(..., capture_output=True)``."""
+    global _base_path, _server_env
+    if _base_path is None:
+        _base_path = _interpreter_path()
+        # the fork server starts from this environment: torch reads its thread count at load
+        _server_env = _server_environment()
+        os.environ["OMP_NUM_THREADS"] = _server_env["OMP_NUM_THREADS"]
+    argv = [str(a) for a in argv]
+    with tempfile.TemporaryDirectory(prefix="forked-cli-") as scratch:
+        out, err, stdin = Path(scratch, "stdout"), Path(scratch, "stderr"), None
+        out.touch()
+        err.touch()
+        if input is not None:
+            stdin = Path(scratch, "stdin")
+            stdin.write_bytes(input.encode() if isinstance(input, str) else input)
+        process = _context.Process(target=_child, args=(
+            argv, dict(env), str(Path(cwd or os.getcwd()).resolve()), _base_path,
+            stdin and str(stdin), str(out), str(err)))
+        process.start()
+        process.join(timeout)
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+            raise subprocess.TimeoutExpired([sys.executable, *argv], timeout)
+        outputs = [out.read_bytes(), err.read_bytes()]
+        if text:  # as text=True reads a pipe: the locale's encoding, universal newlines
+            outputs = [o.decode(locale.getpreferredencoding(False)).replace(
+                "\r\n", "\n").replace("\r", "\n") for o in outputs]
+        return subprocess.CompletedProcess([sys.executable, *argv], process.exitcode, *outputs)
