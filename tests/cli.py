@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Sequence
 
-from forked_cli import run_python
+import forked_cli
 
 REPO = Path(__file__).resolve().parents[1]
 USER_DIR = str(REPO / "user_plugin")
@@ -63,11 +63,12 @@ def run_fairseq(tool: str, args: Sequence[str], cwd: Path | None = None,
                 timeout: int = 600) -> subprocess.CompletedProcess:
     """Run ``python -m fairseq_cli.<tool>`` (in a process forked with torch and fairseq already
     imported: :mod:`forked_cli`); raise with its output if it fails."""
-    cmd = ["-m", f"fairseq_cli.{tool}", *map(str, args)]
-    proc = run_python(cmd, fairseq_env(), cwd=cwd, timeout=timeout)
+    cmd = [sys.executable, "-m", f"fairseq_cli.{tool}", *map(str, args)]
+    proc = forked_cli.run(cmd, cwd=cwd, env=fairseq_env(), capture_output=True, text=True,
+                          timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(
-            f"fairseq-{tool} failed ({proc.returncode}):\n{' '.join(proc.args)}\n"
+            f"fairseq-{tool} failed ({proc.returncode}):\n{' '.join(cmd)}\n"
             f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
         )
     return proc

@@ -29,7 +29,6 @@ import pytest
 import torch
 from cli import REPO, USER_DIR, fairseq_env, run_fairseq
 from conftest import TINY, build_vaswani, fake_task, make_dictionary, random_batch
-from forked_cli import run_python
 
 ALPHA = 0.6
 SENTENCES = 30  # test sentences decoded per run
@@ -115,7 +114,9 @@ def decode(setup, task: str, paths: str, extra: list, tool: str = "generate",
         args = [data, *args]
     args = [str(a) for a in [*args, *extra]]
     if reseed:
-        proc = run_python([REPO / "tests" / "reseeded_generate.py", *args], fairseq_env())
+        cmd = [sys.executable, str(REPO / "tests" / "reseeded_generate.py"), *args]
+        proc = forked_cli.run(cmd, env=fairseq_env(), capture_output=True, text=True,
+                              timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
     else:
         proc = run_fairseq(tool, args)

@@ -1,0 +1,94 @@
+"""The suite's forked command lines (:mod:`forked_cli`) give what a new process gives: the same
+exit status, output and error output as ``subprocess.run`` for the same command, through every
+way a command ends and every input it reads."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import forked_cli
+import pytest
+from cli import USER_DIR, fairseq_env
+
+SCRIPT = """\
+import atexit, sys, threading, time
+atexit.register(lambda: print("atexit ran"))
+def late():
+    time.sleep(0.2)
+    print("thread finished")
+threading.Thread(target=late).start()
+print("args", sys.argv[1:], "first path", sys.path[0].endswith("scripts dir"))
+print("stdin", sys.stdin.read().strip())
+if sys.argv[1:] == ["fail"]:
+    raise ValueError("bad value")
+sys.exit(int(sys.argv[1]) if sys.argv[1:] else 0)
+"""
+
+
+@pytest.fixture(scope="module")
+def script(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("forked") / "scripts dir" / "probe ü.py"
+    path.parent.mkdir()
+    path.write_text(SCRIPT, encoding="utf-8")
+    return path
+
+
+def both(cmd: list, **kwargs) -> tuple:
+    kwargs = {"capture_output": True, "text": True, "timeout": 300, **kwargs}
+    assert forked_cli._forkable(cmd, kwargs)
+    return forked_cli.run(cmd, **kwargs), subprocess.run(cmd, **kwargs)
+
+
+def assert_same(forked: subprocess.CompletedProcess, real: subprocess.CompletedProcess) -> None:
+    assert (forked.returncode, forked.stdout, forked.stderr) == (
+        real.returncode, real.stdout, real.stderr)
+
+
+@pytest.mark.parametrize("args", [[], ["3"], ["fail"]])
+def test_a_script_ends_as_in_a_new_process(script, args, tmp_path):
+    forked, real = both([sys.executable, str(script), *args], input="from stdin\n",
+                        cwd=tmp_path)
+    assert_same(forked, real)
+    assert "thread finished" in real.stdout and "atexit ran" in real.stdout
+    if args == ["fail"]:
+        assert real.returncode == 1 and "ValueError: bad value" in real.stderr
+
+
+def test_code_and_modules_see_their_arguments_directory_and_environment(tmp_path):
+    code = "import os, sys; print(sys.argv, repr(sys.path[0]), os.getcwd(), os.environ['PROBE'])"
+    env = {**os.environ, "PROBE": "ü value"}
+    assert_same(*both([sys.executable, "-c", code, "a b"], cwd=tmp_path, env=env))
+    (tmp_path / "probe_module.py").write_text(
+        "import sys; print(sys.argv[1:], __name__); sys.exit('exit message')\n")
+    forked, real = both([sys.executable, "-m", "probe_module", "x"], cwd=tmp_path)
+    assert_same(forked, real)
+    assert real.returncode == 1 and real.stderr == "exit message\n"
+
+
+def test_our_one_line_errors_and_fairseqs_usage_errors_read_the_same():
+    missing_data = [sys.executable, "-m", "fairseq_cli.generate", "--user-dir", USER_DIR,
+                    "--task", "vaswani_translation", "/nonexistent", "--path", "/none.pt"]
+    forked, real = both(missing_data, env=fairseq_env())
+    assert_same(forked, real)
+    assert real.returncode == 1 and real.stderr.strip().splitlines()[-1] == (
+        "generate.py: error: /nonexistent: no such file or directory")
+    usage = [sys.executable, "-m", "fairseq_cli.generate", "--beam", "x"]
+    forked, real = both(usage, env=fairseq_env())
+    assert_same(forked, real)
+    assert real.returncode == 2 and "invalid int value: 'x'" in real.stderr
+
+
+def test_what_cannot_be_forked_runs_as_a_new_process():
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    code = "import torch; print(torch.get_num_threads())"
+    assert not forked_cli._forkable([sys.executable, "-c", code],
+                                    {"capture_output": True, "env": env})
+    assert not forked_cli._forkable([sys.executable, "-X", "faulthandler", "-c", code],
+                                    {"capture_output": True})
+    assert not forked_cli._forkable(["bash", "-c", "true"], {"capture_output": True})
+    proc = forked_cli.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True)
+    assert proc.stdout.strip() == "2"
