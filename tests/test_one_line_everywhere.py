@@ -43,6 +43,22 @@ def test_the_plugins_option_checks_are_one_line_in_fairseq_train(option, value, 
     assert not list(save_dir.glob("*.pt"))
 
 
+@pytest.mark.parametrize("tool, args, words", [
+    ("generate", [], "--path required for generation"),
+    ("interactive", ["--path", "model.pt", "--batch-size", "16", "--buffer-size", "8"],
+     "--batch-size cannot be larger than --buffer-size"),
+    ("generate", ["--path", "model.pt", "--sampling", "--nbest", "2"],
+     "--sampling requires --nbest to be equal to --beam"),
+])
+def test_the_usage_checks_of_fairseqs_commands_are_one_line(tool, args, words, tmp_path):
+    """fairseq's commands check some options with an ``assert`` in their own code: before, a
+    traceback ending in ``AssertionError: --path required for generation!``."""
+    proc = run_cli(tool, [tmp_path, "--user-dir", REPO / "user_plugin", "--task",
+                          "vaswani_translation", *args])
+    assert proc.returncode == 1
+    assert error_line(proc.stderr) == f"{tool}.py: error: {words}"
+
+
 def test_fp16_of_fairseqs_own_trainer_on_a_cpu_is_one_line(trained_multi30k, tmp_path):
     """A stock ``--arch transformer`` run in a process that loaded the plugin keeps fairseq's
     ``--fp16`` (the plugin's float32 masters are for its own runs, which train on a CPU), and

@@ -1,7 +1,8 @@
 """One line, with the right cause, for the errors fairseq raises on bad input.
 
 fairseq reports several user mistakes with a traceback whose last line does not say what to
-change: an ``AssertionError`` for a ``--max-tokens`` below the longest sentence, a
+change: an ``AssertionError`` for a ``--max-tokens`` below the longest sentence (and for each
+usage check of its commands' own code, such as a missing ``--path``), a
 ``FileNotFoundError`` for a language the data directory has no dictionary of, two chained
 tracebacks for a checkpoint trained with another layout (``--encoder-normalize-before``...).
 :func:`one_line_cause` recognises them by their type and message (nothing of fairseq is
@@ -71,6 +72,18 @@ def _languages(directory: Path) -> str:
     return ", ".join(found) if found else "none"
 
 
+def _raised_by_fairseq_command(error: BaseException) -> bool:
+    """Whether ``error`` was raised by the code of a fairseq command itself
+    (``fairseq_cli/*.py``), whose assertions that name an option are its usage checks
+    (``--path required for generation!``, ``--batch-size cannot be larger than
+    --buffer-size``...)."""
+    frames = error.__traceback__
+    while frames is not None and frames.tb_next is not None:
+        frames = frames.tb_next
+    return frames is not None and Path(frames.tb_frame.f_code.co_filename).parent.name == (
+        "fairseq_cli")
+
+
 def one_line_cause(error: BaseException) -> str | None:
     """The one-line message for an error fairseq raised on bad input, or None when ``error``
     is not one of those (it then keeps its traceback)."""
@@ -82,6 +95,8 @@ def one_line_cause(error: BaseException) -> str | None:
                     "one batch), so it fits in no batch: raise --max-tokens above the longest "
                     "sentence, or give --skip-invalid-size-inputs-valid-test to skip such "
                     "sentences with a count")
+        if "--" in message and _raised_by_fairseq_command(error):
+            return message.rstrip("!")
         return None
     if isinstance(error, OSError) and error.filename is not None:
         path = Path(str(error.filename))
