@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import forked_cli
 import pytest
@@ -292,6 +293,23 @@ def test_a_cpu_trains_bf16_where_it_multiplies_bf16_in_hardware_and_says_why():
                                      f"{why}"), chosen.stderr
     given = run_with_common(script.replace("unset PRECISION", "PRECISION=fp32"))
     assert given.stdout.strip() == "fp32||PRECISION=fp32", given.stderr
+
+
+def test_the_gpu_probe_runs_only_where_the_kernel_shows_a_gpu(tmp_path):
+    """``detect_device`` asks torch for GPUs (3 s of import) only where a GPU's device node
+    exists; elsewhere torch could not see one."""
+    from test_recipes import run_with_common
+
+    nodes = [p for p in (*Path("/dev").glob("nvidia[0-9]*"), Path("/dev/kfd"), Path("/dev/dxg"))
+             if p.exists()]
+    probed = tmp_path / "probed"
+    probe = (f'python() {{ case "$*" in *"import torch"*) touch "{probed}";; esac; '
+             'command python "$@"; }; ')
+    proc = run_with_common(probe + 'source "$COMMON"; activate_venv; unset DEVICE; '
+                           'detect_device; echo "$DEVICE $VISIBLE_GPUS"')
+    assert probed.exists() == bool(nodes), proc.stderr
+    if not nodes:
+        assert proc.stdout.strip() == "cpu 0", proc.stderr
 
 
 def test_bf16_cpu_training_attention_is_written_out_and_computes_the_same():
