@@ -1,6 +1,7 @@
-"""Python command lines run in child processes forked from one that has already imported torch
-and fairseq, so that the suite's hundreds of fairseq commands do not each spend their first
-5 seconds importing the same modules (0.2 s instead of 8 s for ``fairseq-generate --help``).
+"""Python command lines run in child processes forked from one that has already imported the
+libraries fairseq imports (torch, numpy, scipy, scikit-learn, hydra...), so that the suite's
+hundreds of fairseq commands do not each spend 5 to 8 seconds importing them (a run of
+``fairseq-generate --help`` takes 1 s instead of 8).
 
 :func:`run` takes ``subprocess.run``'s place for the suite's Python commands. Each run is still
 its own process, run as ``python -m MODULE``, ``python -c CODE`` or ``python SCRIPT`` would run
@@ -9,11 +10,12 @@ or the script's folder, then the interpreter's own entries), standard input, out
 status; the module, code or script executes as ``__main__``; an exception nothing caught goes
 through ``sys.excepthook`` (our plugin's one-line errors included) and exits with status 1;
 threads that are not daemons are joined and ``atexit`` handlers run, as at an interpreter's exit.
-What differs: the modules of :data:`PRELOAD` are already imported (never our plugin: a run
-imports it itself, through ``--user-dir`` or an import, as a new process does), by
-multiprocessing's ``forkserver``, started with one OpenMP thread. A command with interpreter
-options, uncaptured output or a start-up variable of its own (:data:`STARTUP_VARIABLES`) runs
-as a new process.
+fairseq itself, its commands and our plugin are imported by the run, as in a new process: their
+imports set up logging, register fairseq's components and patch it, in the command's order.
+What differs: the other modules that :data:`COMMANDS` import are already imported (by
+multiprocessing's ``forkserver``, started with one OpenMP thread), so what they would print
+while importing is not printed. A command with interpreter options, uncaptured output or a
+start-up variable of its own (:data:`STARTUP_VARIABLES`) runs as a new process.
 
 Only the suite imports this module (tests/test_forked_cli.py compares it with new processes).
 """
@@ -25,6 +27,7 @@ import importlib.util
 import json
 import locale
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import runpy
 import subprocess
@@ -35,13 +38,39 @@ import types
 from pathlib import Path
 from typing import Mapping, Sequence
 
-#: Imported once by the fork server: torch, and fairseq with every registry, as the first
-#: lines of each fairseq command import them.
-PRELOAD = ["forked_cli", "torch", "fairseq_cli.generate", "fairseq_cli.interactive",
-           "fairseq_cli.train", "fairseq_cli.preprocess"]
+#: The commands whose imports the fork server makes (all but fairseq's and ours).
+COMMANDS = ("fairseq_cli.train", "fairseq_cli.generate", "fairseq_cli.interactive",
+            "fairseq_cli.preprocess")
+#: Set in the fork server's environment: the file listing the modules it imports.
+PRELOAD_VARIABLE = "FORKED_CLI_PRELOAD"
 
 _context = multiprocessing.get_context("forkserver")
-_context.set_forkserver_preload(PRELOAD)
+_context.set_forkserver_preload(["forked_cli"])
+
+
+def _modules_to_preload(listing: Path) -> None:
+    """Write into ``listing`` the modules a new process has imported after importing
+    :data:`COMMANDS`, but for fairseq's, its commands', ours and ``__main__``."""
+    code = ("import json, sys\n"
+            f"for name in {COMMANDS!r}: __import__(name)\n"
+            "ours = ('fairseq', 'fairseq_cli', 'user_plugin', '__main__', '__mp_main__')\n"
+            "print(json.dumps([m for m in list(sys.modules) if m.split('.')[0] not in ours]))")
+    probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True, env=_server_environment())
+    listing.write_text(probe.stdout, encoding="utf-8")
+
+
+def _preload() -> None:
+    """In the fork server: import the modules listed (those that fail to import stay out)."""
+    for name in json.loads(Path(os.environ.pop(PRELOAD_VARIABLE)).read_text(encoding="utf-8")):
+        try:
+            importlib.import_module(name)
+        except Exception:  # a module that imports only in its parent package's way
+            continue
+
+
+if os.environ.get(PRELOAD_VARIABLE):
+    _preload()
 
 
 def _interpreter_path() -> list:
@@ -170,6 +199,13 @@ def _run_forked(argv: Sequence[str], env: Mapping[str, str], cwd: Path | str | N
         # the fork server starts from this environment: torch reads its thread count at load
         _server_env = _server_environment()
         os.environ["OMP_NUM_THREADS"] = _server_env["OMP_NUM_THREADS"]
+        listing = Path(tempfile.mkdtemp(prefix="forked-cli-")) / "preload.json"
+        _modules_to_preload(listing)
+        os.environ[PRELOAD_VARIABLE] = str(listing)
+        try:
+            multiprocessing.forkserver.ensure_running()
+        finally:
+            del os.environ[PRELOAD_VARIABLE]
     argv = [str(a) for a in argv]
     with tempfile.TemporaryDirectory(prefix="forked-cli-") as scratch:
         out, err, stdin = Path(scratch, "stdout"), Path(scratch, "stderr"), None

@@ -5,13 +5,14 @@ way a command ends and every input it reads."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import forked_cli
 import pytest
-from cli import USER_DIR, fairseq_env
+from cli import PAPER_OPTIMIZATION_ARGS, TINY_MODEL_ARGS, USER_DIR, fairseq_env
 
 SCRIPT = """\
 import atexit, sys, threading, time
@@ -92,3 +93,30 @@ def test_what_cannot_be_forked_runs_as_a_new_process():
     proc = forked_cli.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True)
     assert proc.stdout.strip() == "2"
+
+
+def masked(text: str) -> list:
+    """Lines with every digit masked: times, speeds and dates differ between two runs."""
+    return [re.sub(r"\d+(\.\d+)?", "0", line) for line in text.splitlines()]
+
+
+def test_a_training_logs_the_same_lines_to_the_same_streams(multi30k_bin, tmp_path):
+    """fairseq-train sets up logging when its module loads: a forked run logs to standard output
+    as a new process does, the same lines, and writes a checkpoint that loads the same."""
+    runs = []
+    for name in ("forked", "real"):
+        args = [sys.executable, "-m", "fairseq_cli.train", multi30k_bin.data_bin, "--user-dir",
+                USER_DIR, "--cpu", *TINY_MODEL_ARGS, *PAPER_OPTIMIZATION_ARGS,
+                "--warmup-updates", "4", "--max-tokens", "1000", "--max-update", "3",
+                "--save-dir", tmp_path / name, "--no-epoch-checkpoints", "--num-workers", "0",
+                "--log-interval", "1", "--seed", "1"]
+        run = forked_cli.run if name == "forked" else subprocess.run
+        proc = run([str(a) for a in args], env=fairseq_env(), capture_output=True, text=True,
+                   timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        runs.append(proc)
+    forked, real = runs
+    assert "| train_inner |" in real.stdout and "done training" in real.stdout
+    assert masked(forked.stdout.replace(str(tmp_path / "forked"), "SAVE")) == masked(
+        real.stdout.replace(str(tmp_path / "real"), "SAVE"))
+    assert masked(forked.stderr) == masked(real.stderr)
