@@ -99,21 +99,23 @@ def _child(argv: list, env: dict, cwd: str, base_path: list, stdin: str | None, 
         None, argv[0], argv[1:])
     first = {"-m": cwd, "-c": ""}.get(option, str(Path(target).resolve().parent))
     sys.path[:] = [first, *base_path]
-    # as the interpreter sets it (runpy restores its own value when an exception leaves)
+    # as the interpreter sets it
     sys.argv = [{"-m": lambda: importlib.util.find_spec(target).origin, "-c": lambda: "-c"}.get(
         option, lambda: target)(), *args]
     status = 0
     try:
         if option == "-m":
-            # a new process has the module as __main__ only, never under its own name
+            # a new process has the module as __main__ only, never under its own name; runpy's
+            # function for ``python -m`` leaves sys.argv as the module leaves it
             sys.modules.pop(target, None)
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
-        elif option == "-c":
-            main = types.ModuleType("__main__")
-            sys.modules["__main__"] = main
-            exec(compile(target, "<string>", "exec"), main.__dict__)
+            runpy._run_module_as_main(target)
         else:
-            runpy.run_path(target, run_name="__main__")
+            main = types.ModuleType("__main__")
+            if option is None:
+                main.__file__ = target
+            sys.modules["__main__"] = main
+            source = Path(target).read_bytes() if option is None else target
+            exec(compile(source, "<string>" if option else target, "exec"), main.__dict__)
     except SystemExit as exit_:
         if exit_.code is None or isinstance(exit_.code, int):
             status = exit_.code or 0

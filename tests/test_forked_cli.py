@@ -25,6 +25,11 @@ print("args", sys.argv[1:], "first path", sys.path[0].endswith("scripts dir"))
 print("stdin", sys.stdin.read().strip())
 if sys.argv[1:] == ["fail"]:
     raise ValueError("bad value")
+if sys.argv[1:] == ["hook"]:  # what fairseq's wrappers and our one-line hook do
+    sys.argv = ["renamed-tool"]
+    sys.excepthook = lambda kind, error, frames: print(f"{sys.argv[0]}: error: {error}",
+                                                       file=sys.stderr)
+    raise ValueError("bad value")
 sys.exit(int(sys.argv[1]) if sys.argv[1:] else 0)
 """
 
@@ -48,7 +53,7 @@ def assert_same(forked: subprocess.CompletedProcess, real: subprocess.CompletedP
         real.returncode, real.stdout, real.stderr)
 
 
-@pytest.mark.parametrize("args", [[], ["3"], ["fail"]])
+@pytest.mark.parametrize("args", [[], ["3"], ["fail"], ["hook"]])
 def test_a_script_ends_as_in_a_new_process(script, args, tmp_path):
     forked, real = both([sys.executable, str(script), *args], input="from stdin\n",
                         cwd=tmp_path)
@@ -56,6 +61,8 @@ def test_a_script_ends_as_in_a_new_process(script, args, tmp_path):
     assert "thread finished" in real.stdout and "atexit ran" in real.stdout
     if args == ["fail"]:
         assert real.returncode == 1 and "ValueError: bad value" in real.stderr
+    if args == ["hook"]:
+        assert real.returncode == 1 and real.stderr == "renamed-tool: error: bad value\n"
 
 
 def test_code_and_modules_see_their_arguments_directory_and_environment(tmp_path):
