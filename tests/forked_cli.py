@@ -61,8 +61,13 @@ def _modules_to_preload(listing: Path) -> None:
 
 
 def _preload() -> None:
-    """In the fork server: import the modules listed (those that fail to import stay out)."""
-    for name in json.loads(Path(os.environ.pop(PRELOAD_VARIABLE)).read_text(encoding="utf-8")):
+    """In the fork server: import the modules listed (those that fail to import stay out),
+    and remove the listing."""
+    listing = Path(os.environ.pop(PRELOAD_VARIABLE))
+    names = json.loads(listing.read_text(encoding="utf-8"))
+    listing.unlink()
+    listing.parent.rmdir()
+    for name in names:
         try:
             importlib.import_module(name)
         except Exception:  # a module that imports only in its parent package's way
