@@ -118,26 +118,12 @@ model_defaults() {
   require_int MAX_UPDATE; require_int AVERAGE_LAST; require_int SAVE_INTERVAL_UPDATES
 }
 
-# gpu_device_nodes: whether the kernel shows a GPU's device node (NVIDIA's /dev/nvidia0...,
-# ROCm's /dev/kfd, WSL's /dev/dxg). Without one torch sees no GPU, so detect_device skips its
-# probe (importing torch: 3 s, in each step that trains or decodes).
-gpu_device_nodes() {
-  local node
-  for node in /dev/nvidia[0-9]* /dev/kfd /dev/dxg; do [ -e "$node" ] && return 0; done
-  return 1
-}
-
 # detect_device: DEVICE [gpu when torch sees one, else cpu], NUM_GPUS, VISIBLE_GPUS, PRECISION,
 # DEVICE_OPTIMIZER [user_plugin/training_defaults.py's for the device, and why], PRECISION_ARGS.
 detect_device() {
   local capability defaults precision
-  VISIBLE_GPUS=0 capability=0
-  if gpu_device_nodes; then
-    read -r VISIBLE_GPUS capability <<< "$(python -c 'import torch
-n = torch.cuda.device_count()
-print(n, min((torch.cuda.get_device_capability(i)[0] for i in range(n)), default=0))' \
-      2>/dev/null || echo "0 0")"
-  fi
+  read -r VISIBLE_GPUS capability <<< "$(cd "$REPO_DIR" \
+    && python -m user_plugin.training_defaults gpus 2>/dev/null || echo "0 0")"
   DEVICE=${DEVICE:-$([ "$VISIBLE_GPUS" -gt 0 ] && echo gpu || echo cpu)}
   case "$DEVICE" in
     gpu)

@@ -25,7 +25,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import forked_cli
 import pytest
@@ -295,21 +294,29 @@ def test_a_cpu_trains_bf16_where_it_multiplies_bf16_in_hardware_and_says_why():
     assert given.stdout.strip() == "fp32||PRECISION=fp32", given.stderr
 
 
-def test_the_gpu_probe_runs_only_where_the_kernel_shows_a_gpu(tmp_path):
-    """``detect_device`` asks torch for GPUs (3 s of import) only where a GPU's device node
-    exists; elsewhere torch could not see one."""
+def test_the_gpu_probe_imports_torch_only_where_a_gpus_device_node_exists(tmp_path):
+    """``detect_device`` asks ``training_defaults gpus``, which imports torch (3 s) to count
+    GPUs only where a GPU's device node exists; elsewhere torch could not see one."""
     from test_recipes import run_with_common
 
-    nodes = [p for p in (*Path("/dev").glob("nvidia[0-9]*"), Path("/dev/kfd"), Path("/dev/dxg"))
-             if p.exists()]
-    probed = tmp_path / "probed"
-    probe = (f'python() {{ case "$*" in *"import torch"*) touch "{probed}";; esac; '
-             'command python "$@"; }; ')
-    proc = run_with_common(probe + 'source "$COMMON"; activate_venv; unset DEVICE; '
-                           'detect_device; echo "$DEVICE $VISIBLE_GPUS"')
-    assert probed.exists() == bool(nodes), proc.stderr
-    if not nodes:
-        assert proc.stdout.strip() == "cpu 0", proc.stderr
+    from user_plugin.training_defaults import visible_gpus
+
+    code = ("import sys; from pathlib import Path; from user_plugin.training_defaults import "
+            "visible_gpus; print(*visible_gpus(Path(sys.argv[1])), 'torch' in sys.modules)")
+    for node in (None, "nvidia0", "kfd", "dxg"):
+        dev = tmp_path / f"dev-{node}"
+        dev.mkdir()
+        if node:
+            (dev / node).touch()
+        # a new process (a forked one has torch imported already)
+        proc = subprocess.run([sys.executable, "-c", code, str(dev)], cwd=REPO,
+                              capture_output=True, text=True, check=True)
+        counted = proc.stdout.split()
+        assert counted[2] == str(node is not None), (node, proc.stdout)
+        expected = visible_gpus() if node else (0, 0)
+        assert counted[:2] == [str(v) for v in expected], (node, proc.stdout)
+    script = 'source "$COMMON"; activate_venv; unset DEVICE; detect_device; echo "$VISIBLE_GPUS"'
+    assert run_with_common(script).stdout.strip() == str(visible_gpus()[0])
 
 
 def test_bf16_cpu_training_attention_is_written_out_and_computes_the_same():

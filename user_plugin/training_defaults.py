@@ -11,13 +11,15 @@ it trains the demo's model at 1.34x float32's tokens per second with the same lo
 in bf16 and 1.12x in float32 than fairseq's ``adam``, with the same losses.
 ``python -m user_plugin.training_defaults gpu CAPABILITY`` (or ``cpu``) prints
 ``PRECISION OPTIMIZER WHY``, WHY being the rest of the line: the recipes' ``detect_device``
-reads it and the train step logs WHY.
+reads it and the train step logs WHY. Before it, ``... gpus`` prints the GPUs torch sees and
+their lowest compute capability (:func:`visible_gpus`).
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Dict
 
 from user_plugin.measurement.cpu import BF16_FLAGS, cpu_flags
@@ -48,15 +50,35 @@ def cpu_precision(flags: Sequence[str]) -> tuple[str, str]:
     return "fp32", "this CPU has no bf16 matrix instructions (AVX-512 bf16 or AMX)"
 
 
+#: The device nodes through which a GPU reaches programs: NVIDIA's, ROCm's, WSL's.
+GPU_DEVICE_NODES = ("nvidia[0-9]*", "kfd", "dxg")
+
+
+def visible_gpus(dev: Path = Path("/dev")) -> tuple[int, int]:
+    """The number of GPUs torch sees and the major number of their lowest compute capability,
+    ``(0, 0)`` for none. torch (3 s to import) is asked only where ``dev`` holds a GPU's device
+    node: without one, no GPU can reach torch."""
+    if not any(any(dev.glob(pattern)) for pattern in GPU_DEVICE_NODES):
+        return 0, 0
+    import torch
+
+    count = torch.cuda.device_count()
+    return count, min((torch.cuda.get_device_capability(i)[0] for i in range(count)), default=0)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Print ``PRECISION OPTIMIZER WHY`` for ``gpu CAPABILITY`` or ``cpu``."""
+    """Print ``VISIBLE_GPUS CAPABILITY`` for ``gpus``, ``PRECISION OPTIMIZER WHY`` for ``gpu
+    CAPABILITY`` or ``cpu``."""
     args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["gpus"]:
+        print(*visible_gpus())
+        return 0
     if args[:1] == ["cpu"]:
         precision, why = cpu_precision(cpu_flags())
         print(precision, CPU_OPTIMIZER, why)
         return 0
     if len(args) != 2 or args[0] != "gpu" or not args[1].isdigit():
-        print("usage: python -m user_plugin.training_defaults cpu | gpu CAPABILITY",
+        print("usage: python -m user_plugin.training_defaults gpus | cpu | gpu CAPABILITY",
               file=sys.stderr)
         return 2
     print(*cuda_defaults(int(args[1])), f"a CUDA GPU of compute capability {args[1]}")
