@@ -35,6 +35,7 @@ import sys
 import tempfile
 import threading
 import types
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -46,18 +47,6 @@ PRELOAD_VARIABLE = "FORKED_CLI_PRELOAD"
 
 _context = multiprocessing.get_context("forkserver")
 _context.set_forkserver_preload(["forked_cli"])
-
-
-def _modules_to_preload(listing: Path) -> None:
-    """Write into ``listing`` the modules a new process has imported after importing
-    :data:`COMMANDS`, but for fairseq's, its commands', ours and ``__main__``."""
-    code = ("import json, sys\n"
-            f"for name in {COMMANDS!r}: __import__(name)\n"
-            "ours = ('fairseq', 'fairseq_cli', 'user_plugin', '__main__', '__mp_main__')\n"
-            "print(json.dumps([m for m in list(sys.modules) if m.split('.')[0] not in ours]))")
-    probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           check=True, env=_server_environment())
-    listing.write_text(probe.stdout, encoding="utf-8")
 
 
 def _preload() -> None:
@@ -76,14 +65,6 @@ def _preload() -> None:
 
 if os.environ.get(PRELOAD_VARIABLE):
     _preload()
-
-
-def _interpreter_path() -> list:
-    """``sys.path`` of a plain ``python -c`` without its first entry (the interpreter's own:
-    standard library, site-packages and their ``.pth`` entries)."""
-    probe = subprocess.run([sys.executable, "-c", "import json, sys; print(json.dumps(sys.path))"],
-                           capture_output=True, text=True, check=True)
-    return json.loads(probe.stdout)[1:]
 
 
 def _child(argv: list, env: dict, cwd: str, base_path: list, stdin: str | None, out: str,
@@ -152,40 +133,86 @@ def _child(argv: list, env: dict, cwd: str, base_path: list, stdin: str | None, 
 STARTUP_VARIABLES = ("PYTHON", "OMP_", "MKL_", "KMP_", "TORCH", "CUDA", "LD_", "MALLOC", "LC_",
                      "LANG")
 
-_server_env: dict | None = None
-_base_path: list | None = None
+#: What a new process learns once for the fork server: the interpreter's own ``sys.path``, the
+#: modules :data:`COMMANDS` import but fairseq's and ours, and the variables those imports set.
+PROBE = """import json, os, sys
+before = dict(os.environ)
+for name in sys.argv[1:]:
+    __import__(name)
+ours = ("fairseq", "fairseq_cli", "user_plugin", "__main__", "__mp_main__")
+print(json.dumps({"path": sys.path[1:],
+                  "modules": [m for m in list(sys.modules) if m.split(".")[0] not in ours],
+                  "set_by_imports": {k: v for k, v in os.environ.items() if before.get(k) != v}}))
+"""
 
 
-def _forkable(cmd: Sequence, kwargs: dict) -> bool:
-    if not cmd or str(cmd[0]) != sys.executable or len(cmd) < 2:
+@dataclass
+class _Server:
+    """The fork server of this process: the environment it started with, what
+    :data:`PROBE` found."""
+
+    environment: dict
+    path: list
+    set_by_imports: dict
+
+    def starts_alike(self, env: Mapping[str, str]) -> bool:
+        """Whether a new process with ``env`` would start as the server did: the same
+        start-up variables, but for those the preloaded imports set (to the same value)."""
+        def startup(variables: Mapping[str, str]) -> dict:
+            return {k: v for k, v in variables.items()
+                    if k.startswith(STARTUP_VARIABLES) and k != "PYTHONUNBUFFERED"
+                    and self.set_by_imports.get(k) != v}
+
+        return startup(env) == startup(self.environment)
+
+
+_server: _Server | None = None
+
+
+def _fork_server() -> _Server:
+    """Start the fork server once (a probe process, then the server's imports: about 15 s)."""
+    global _server
+    if _server is None:
+        # torch reads its thread count when it loads: one thread unless this process says
+        environment = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        probe = subprocess.run([sys.executable, "-c", PROBE, *COMMANDS], env=environment,
+                               capture_output=True, text=True, check=True)
+        facts = json.loads(probe.stdout)
+        listing = Path(tempfile.mkdtemp(prefix="forked-cli-")) / "preload.json"
+        listing.write_text(json.dumps(facts["modules"]), encoding="utf-8")
+        saved = dict(os.environ)
+        os.environ.update(environment, **{PRELOAD_VARIABLE: str(listing)})
+        try:
+            multiprocessing.forkserver.ensure_running()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        _server = _Server(environment, facts["path"], facts["set_by_imports"])
+    return _server
+
+
+def _python_command(cmd: Sequence, kwargs: dict) -> bool:
+    """Whether ``cmd`` is ``[sys.executable, -m MODULE | -c CODE | SCRIPT, ...]`` with no other
+    interpreter option, its output captured and no argument but those :func:`run` takes."""
+    if len(cmd) < 2 or str(cmd[0]) != sys.executable:
         return False
     first = str(cmd[1])
-    if first.startswith("-") and first not in ("-m", "-c") or first in ("-m", "-c") and len(
-            cmd) < 3:
+    if first.startswith("-") and (first not in ("-m", "-c") or len(cmd) < 3):
         return False
-    if not kwargs.get("capture_output") or set(kwargs) - {
-            "capture_output", "text", "cwd", "env", "input", "timeout", "check"}:
-        return False
-    env = kwargs.get("env") or os.environ
-
-    def startup(variables: Mapping[str, str]) -> dict:
-        return {k: v for k, v in variables.items()
-                if k.startswith(STARTUP_VARIABLES) and k != "PYTHONUNBUFFERED"}
-
-    return startup(env) == startup(_server_environment())
+    return bool(kwargs.get("capture_output")) and not set(kwargs) - {
+        "capture_output", "text", "cwd", "env", "input", "timeout", "check"}
 
 
-def _server_environment() -> dict:
-    """The fork server's environment: this process's, with one OpenMP thread by default."""
-    return _server_env if _server_env is not None else {
-        **os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+def forkable(cmd: Sequence, kwargs: dict) -> bool:
+    """Whether :func:`run` forks ``cmd`` (run with ``kwargs``) from the fork server."""
+    return _python_command(cmd, kwargs) and _fork_server().starts_alike(
+        kwargs.get("env") or os.environ)
 
 
 def run(cmd: Sequence, **kwargs) -> subprocess.CompletedProcess:
-    """``subprocess.run(cmd, **kwargs)``, forked from the fork server where ``cmd`` is
-    ``[sys.executable, "-m" MODULE | "-c" CODE | SCRIPT, ...]`` with its output captured and no
-    start-up variable of its own (:data:`STARTUP_VARIABLES`); a real new process otherwise."""
-    if not _forkable(cmd, kwargs):
+    """``subprocess.run(cmd, **kwargs)``, forked from the fork server where :func:`forkable`;
+    a real new process otherwise."""
+    if not forkable(cmd, kwargs):
         return subprocess.run(cmd, **kwargs)
     proc = _run_forked([str(c) for c in cmd[1:]], kwargs.get("env") or dict(os.environ),
                        cwd=kwargs.get("cwd"), timeout=kwargs.get("timeout"),
@@ -200,19 +227,6 @@ def _run_forked(argv: Sequence[str], env: Mapping[str, str], cwd: Path | str | N
                 text: bool) -> subprocess.CompletedProcess:
     """Run ``python *argv`` (``-m MODULE ...``, ``-c CODE ...`` or ``SCRIPT ...``) in a forked
     child; its output (text or bytes), like ``subprocess.run(..., capture_output=True)``."""
-    global _base_path, _server_env
-    if _base_path is None:
-        _base_path = _interpreter_path()
-        # the fork server starts from this environment: torch reads its thread count at load
-        _server_env = _server_environment()
-        os.environ["OMP_NUM_THREADS"] = _server_env["OMP_NUM_THREADS"]
-        listing = Path(tempfile.mkdtemp(prefix="forked-cli-")) / "preload.json"
-        _modules_to_preload(listing)
-        os.environ[PRELOAD_VARIABLE] = str(listing)
-        try:
-            multiprocessing.forkserver.ensure_running()
-        finally:
-            del os.environ[PRELOAD_VARIABLE]
     argv = [str(a) for a in argv]
     with tempfile.TemporaryDirectory(prefix="forked-cli-") as scratch:
         out, err, stdin = Path(scratch, "stdout"), Path(scratch, "stderr"), None
@@ -222,7 +236,7 @@ def _run_forked(argv: Sequence[str], env: Mapping[str, str], cwd: Path | str | N
             stdin = Path(scratch, "stdin")
             stdin.write_bytes(input.encode() if isinstance(input, str) else input)
         process = _context.Process(target=_child, args=(
-            argv, dict(env), str(Path(cwd or os.getcwd()).resolve()), _base_path,
+            argv, dict(env), str(Path(cwd or os.getcwd()).resolve()), _fork_server().path,
             stdin and str(stdin), str(out), str(err)))
         process.start()
         process.join(timeout)

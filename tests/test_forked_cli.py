@@ -44,7 +44,7 @@ def script(tmp_path_factory) -> Path:
 
 def both(cmd: list, **kwargs) -> tuple:
     kwargs = {"capture_output": True, "text": True, "timeout": 300, **kwargs}
-    assert forked_cli._forkable(cmd, kwargs)
+    assert forked_cli.forkable(cmd, kwargs)
     return forked_cli.run(cmd, **kwargs), subprocess.run(cmd, **kwargs)
 
 
@@ -92,11 +92,11 @@ def test_our_one_line_errors_and_fairseqs_usage_errors_read_the_same():
 def test_what_cannot_be_forked_runs_as_a_new_process():
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
     code = "import torch; print(torch.get_num_threads())"
-    assert not forked_cli._forkable([sys.executable, "-c", code],
+    assert not forked_cli.forkable([sys.executable, "-c", code],
                                     {"capture_output": True, "env": env})
-    assert not forked_cli._forkable([sys.executable, "-X", "faulthandler", "-c", code],
+    assert not forked_cli.forkable([sys.executable, "-X", "faulthandler", "-c", code],
                                     {"capture_output": True})
-    assert not forked_cli._forkable(["bash", "-c", "true"], {"capture_output": True})
+    assert not forked_cli.forkable(["bash", "-c", "true"], {"capture_output": True})
     proc = forked_cli.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True)
     assert proc.stdout.strip() == "2"
@@ -127,3 +127,18 @@ def test_a_training_logs_the_same_lines_to_the_same_streams(multi30k_bin, tmp_pa
     assert masked(forked.stdout.replace(str(tmp_path / "forked"), "SAVE")) == masked(
         real.stdout.replace(str(tmp_path / "real"), "SAVE"))
     assert masked(forked.stderr) == masked(real.stderr)
+
+
+def test_variables_that_imports_set_in_this_process_keep_forking():
+    """Importing torch, scikit-learn... sets some start-up variables (``KMP_*``) in this
+    process's environment, after the server started: what those imports set is no difference,
+    another value is."""
+    for name in forked_cli.COMMANDS:
+        __import__(name)
+    cmd = [sys.executable, "-c", "pass"]
+    assert forked_cli.forkable(cmd, {"capture_output": True, "env": dict(os.environ)})
+    server = forked_cli._fork_server()
+    for name, value in server.set_by_imports.items():
+        if name.startswith(forked_cli.STARTUP_VARIABLES):
+            changed = {**os.environ, name: value + "0"}
+            assert not forked_cli.forkable(cmd, {"capture_output": True, "env": changed})
