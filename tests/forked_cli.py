@@ -181,7 +181,10 @@ def _fork_server() -> _Server:
         listing = Path(tempfile.mkdtemp(prefix="forked-cli-")) / "preload.json"
         listing.write_text(json.dumps(facts["modules"]), encoding="utf-8")
         saved = dict(os.environ)
-        os.environ.update(environment, **{PRELOAD_VARIABLE: str(listing)})
+        # the server imports this module by name (multiprocessing gives it no sys.path)
+        search = os.pathsep.join(filter(None, (str(Path(__file__).parent),
+                                               environment.get("PYTHONPATH"))))
+        os.environ.update(environment, PYTHONPATH=search, **{PRELOAD_VARIABLE: str(listing)})
         try:
             multiprocessing.forkserver.ensure_running()
         finally:

@@ -142,3 +142,12 @@ def test_variables_that_imports_set_in_this_process_keep_forking():
         if name.startswith(forked_cli.STARTUP_VARIABLES):
             changed = {**os.environ, name: value + "0"}
             assert not forked_cli.forkable(cmd, {"capture_output": True, "env": changed})
+
+
+def test_the_libraries_are_imported_once_and_fairseq_by_each_run(tmp_path):
+    """From any working directory: the server has imported torch, not fairseq or our plugin."""
+    code = ("import sys; print(*(name in sys.modules for name in "
+            "('torch', 'sklearn', 'fairseq', 'fairseq_cli', 'user_plugin')))")
+    proc = forked_cli.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, check=True)
+    assert proc.stdout.split() == ["True", "True", "False", "False", "False"]
