@@ -42,8 +42,15 @@ def script(tmp_path_factory) -> Path:
     return path
 
 
+def server_env(**extra: str) -> dict:
+    """The fork server's environment (this worker's own may have gained start-up variables from
+    other tests since), with ``extra``."""
+    return {**forked_cli._fork_server().environment, **extra}
+
+
 def both(cmd: list, **kwargs) -> tuple:
-    kwargs = {"capture_output": True, "text": True, "timeout": 300, **kwargs}
+    kwargs = {"capture_output": True, "text": True, "timeout": 300, "env": server_env(),
+              **kwargs}
     assert forked_cli.forkable(cmd, kwargs)
     return forked_cli.run(cmd, **kwargs), subprocess.run(cmd, **kwargs)
 
@@ -67,7 +74,7 @@ def test_a_script_ends_as_in_a_new_process(script, args, tmp_path):
 
 def test_code_and_modules_see_their_arguments_directory_and_environment(tmp_path):
     code = "import os, sys; print(sys.argv, repr(sys.path[0]), os.getcwd(), os.environ['PROBE'])"
-    env = {**os.environ, "PROBE": "ü value"}
+    env = server_env(PROBE="ü value")
     assert_same(*both([sys.executable, "-c", code, "a b"], cwd=tmp_path, env=env))
     (tmp_path / "probe_module.py").write_text(
         "import sys; print(sys.argv[1:], __name__); sys.exit('exit message')\n")
@@ -79,12 +86,12 @@ def test_code_and_modules_see_their_arguments_directory_and_environment(tmp_path
 def test_our_one_line_errors_and_fairseqs_usage_errors_read_the_same():
     missing_data = [sys.executable, "-m", "fairseq_cli.generate", "--user-dir", USER_DIR,
                     "--task", "vaswani_translation", "/nonexistent", "--path", "/none.pt"]
-    forked, real = both(missing_data, env=fairseq_env())
+    forked, real = both(missing_data, env=server_env(PYTHONUNBUFFERED="1"))
     assert_same(forked, real)
     assert real.returncode == 1 and real.stderr.strip().splitlines()[-1] == (
         "generate.py: error: /nonexistent: no such file or directory")
     usage = [sys.executable, "-m", "fairseq_cli.generate", "--beam", "x"]
-    forked, real = both(usage, env=fairseq_env())
+    forked, real = both(usage, env=server_env(PYTHONUNBUFFERED="1"))
     assert_same(forked, real)
     assert real.returncode == 2 and "invalid int value: 'x'" in real.stderr
 
@@ -136,11 +143,12 @@ def test_variables_that_imports_set_in_this_process_keep_forking():
     for name in forked_cli.COMMANDS:
         __import__(name)
     cmd = [sys.executable, "-c", "pass"]
-    assert forked_cli.forkable(cmd, {"capture_output": True, "env": dict(os.environ)})
     server = forked_cli._fork_server()
+    assert forked_cli.forkable(cmd, {"capture_output": True,
+                                     "env": {**server.environment, **server.set_by_imports}})
     for name, value in server.set_by_imports.items():
         if name.startswith(forked_cli.STARTUP_VARIABLES):
-            changed = {**os.environ, name: value + "0"}
+            changed = {**server.environment, name: value + "0"}
             assert not forked_cli.forkable(cmd, {"capture_output": True, "env": changed})
 
 
@@ -149,5 +157,5 @@ def test_the_libraries_are_imported_once_and_fairseq_by_each_run(tmp_path):
     code = ("import sys; print(*(name in sys.modules for name in "
             "('torch', 'sklearn', 'fairseq', 'fairseq_cli', 'user_plugin')))")
     proc = forked_cli.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
-                          text=True, check=True)
+                          text=True, check=True, env=server_env())
     assert proc.stdout.split() == ["True", "True", "False", "False", "False"]
