@@ -61,7 +61,7 @@ def command(module: str) -> List[str]:
 
 def run_fairseq(tool: str, args: Sequence[str], cwd: Path | None = None,
                 timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run ``python -m fairseq_cli.<tool>`` (in a process forked with torch and fairseq already
+    """Run ``python -m fairseq_cli.<tool>`` (in a process forked with fairseq's libraries already
     imported: :mod:`forked_cli`); raise with its output if it fails."""
     cmd = [sys.executable, "-m", f"fairseq_cli.{tool}", *map(str, args)]
     proc = forked_cli.run(cmd, cwd=cwd, env=fairseq_env(), capture_output=True, text=True,
