@@ -132,6 +132,12 @@ def _child(argv: list, env: dict, cwd: str, base_path: list, stdin: str | None, 
 #: the output is buffered, which a captured run does not see).
 STARTUP_VARIABLES = ("PYTHON", "OMP_", "MKL_", "KMP_", "TORCH", "CUDA", "LD_", "MALLOC", "LC_",
                      "LANG")
+#: Start-up variables read only when a module is imported, by prefix: a server that has not
+#: imported the module lets the run read them itself (importing inductor in the suite's own
+#: process sets ``TORCHINDUCTOR_CACHE_DIR`` there).
+READ_ON_IMPORT = {"TORCHINDUCTOR_": "torch._inductor.config"}
+#: Where each decision of :func:`run` is appended (forked, or a new process and why), if set.
+LOG_VARIABLE = "FORKED_CLI_LOG"
 
 #: What a new process learns once for the fork server: the interpreter's own ``sys.path``, the
 #: modules :data:`COMMANDS` import but fairseq's and ours, and the variables those imports set.
@@ -154,16 +160,25 @@ class _Server:
     environment: dict
     path: list
     set_by_imports: dict
+    modules: list
+
+    def startup_differences(self, env: Mapping[str, str]) -> set:
+        """The start-up variables a new process with ``env`` would start with otherwise than
+        the server did, but for those the preloaded imports set (to the same value) and those
+        of modules the server has not imported."""
+        unread = tuple(prefix for prefix, module in READ_ON_IMPORT.items()
+                       if module not in self.modules)
+
+        def startup(variables: Mapping[str, str]) -> set:
+            return {(k, v) for k, v in variables.items()
+                    if k.startswith(STARTUP_VARIABLES) and k != "PYTHONUNBUFFERED"
+                    and not k.startswith(unread) and self.set_by_imports.get(k) != v}
+
+        return {k for k, _ in startup(env) ^ startup(self.environment)}
 
     def starts_alike(self, env: Mapping[str, str]) -> bool:
-        """Whether a new process with ``env`` would start as the server did: the same
-        start-up variables, but for those the preloaded imports set (to the same value)."""
-        def startup(variables: Mapping[str, str]) -> dict:
-            return {k: v for k, v in variables.items()
-                    if k.startswith(STARTUP_VARIABLES) and k != "PYTHONUNBUFFERED"
-                    and self.set_by_imports.get(k) != v}
-
-        return startup(env) == startup(self.environment)
+        """Whether a new process with ``env`` would start as the server did."""
+        return not self.startup_differences(env)
 
 
 _server: _Server | None = None
@@ -190,7 +205,7 @@ def _fork_server() -> _Server:
         finally:
             os.environ.clear()
             os.environ.update(saved)
-        _server = _Server(environment, facts["path"], facts["set_by_imports"])
+        _server = _Server(environment, facts["path"], facts["set_by_imports"], facts["modules"])
     return _server
 
 
@@ -208,8 +223,22 @@ def _python_command(cmd: Sequence, kwargs: dict) -> bool:
 
 def forkable(cmd: Sequence, kwargs: dict) -> bool:
     """Whether :func:`run` forks ``cmd`` (run with ``kwargs``) from the fork server."""
-    return _python_command(cmd, kwargs) and _fork_server().starts_alike(
-        kwargs.get("env") or os.environ)
+    if not _python_command(cmd, kwargs):
+        _log(cmd, "new process: not a captured python command")
+        return False
+    differences = _fork_server().startup_differences(kwargs.get("env") or os.environ)
+    _log(cmd, f"new process: start-up variables {sorted(differences)}" if differences
+         else "forked")
+    return not differences
+
+
+def _log(cmd: Sequence, decision: str) -> None:
+    """Append ``decision`` for ``cmd`` to the file :data:`LOG_VARIABLE` names, if any."""
+    if os.environ.get(LOG_VARIABLE):
+        with open(os.environ[LOG_VARIABLE], "a", encoding="utf-8") as log:
+            log.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST"),
+                                  "command": [str(c) for c in cmd[:3]],
+                                  "decision": decision}) + "\n")
 
 
 def run(cmd: Sequence, **kwargs) -> subprocess.CompletedProcess:

@@ -4,6 +4,7 @@ way a command ends and every input it reads."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -159,3 +160,19 @@ def test_the_libraries_are_imported_once_and_fairseq_by_each_run(tmp_path):
     proc = forked_cli.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
                           text=True, check=True, env=server_env())
     assert proc.stdout.split() == ["True", "True", "False", "False", "False"]
+
+
+def test_inductors_variables_are_read_by_the_run_where_the_server_has_not_imported_it(tmp_path):
+    """Importing inductor in the suite's process sets ``TORCHINDUCTOR_CACHE_DIR`` there: the
+    server has not imported inductor, so a run given the variable reads it itself; a server
+    that had imported it could not fork that run."""
+    cmd = [sys.executable, "-c", "from torch._inductor.runtime.cache_dir_utils import "
+           "cache_dir; print(cache_dir())"]
+    forked, real = both(cmd, env=server_env(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "ü cache")))
+    assert_same(forked, real)
+    assert forked.stdout.strip() == str(tmp_path / "ü cache")
+    server = forked_cli._fork_server()
+    assert "torch._inductor.config" not in server.modules
+    imported = dataclasses.replace(server, modules=[*server.modules, "torch._inductor.config"])
+    assert imported.startup_differences(
+        server_env(TORCHINDUCTOR_CACHE_DIR=str(tmp_path))) == {"TORCHINDUCTOR_CACHE_DIR"}
