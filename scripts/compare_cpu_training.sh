@@ -6,7 +6,8 @@
 # rounds of UPDATES updates each, the three alternating, one after the other (nothing else
 # should run), validation off. Prints per run the target tokens per second (the mean of
 # fairseq's wps over its log intervals) and the last logged loss, then the medians and their
-# ratios to the first run named (stock), with the CPU's model name and flags. Stock runs
+# ratios to the first run named (stock), and each round's ratio to that round's first run (the
+# machine's speed drifts between rounds, less within one), with the CPU's model name and flags. Stock runs
 # fairseq's adam; ours the optimizer the recipes choose on a CPU (user_plugin/training_defaults.py).
 #
 #   DATA_BIN=work_dirs/demo_multi30k/data-bin bash scripts/compare_cpu_training.sh
@@ -69,11 +70,17 @@ for round in $(seq "$ROUNDS"); do
 done
 for run in "${runs[@]}"; do echo "$run ${rates[$run]}"; done | python -c '
 import statistics, sys
-medians = {}
+rates = {}
 for line in sys.stdin:
     name, *values = line.split()
-    medians[name] = statistics.median(map(float, values))
-first = next(iter(medians))
+    rates[name] = [float(v) for v in values]
+first = next(iter(rates))
+medians = {name: statistics.median(values) for name, values in rates.items()}
 print("median target tokens/s: " + ", ".join(
     f"{name} {value:,.0f} ({value / medians[first]:.2f}x {first})"
-    for name, value in medians.items()))'
+    for name, value in medians.items()))
+# each round against the first run of the same round: the machine drifts between rounds
+for name, values in list(rates.items())[1:]:
+    ratios = [mine / theirs for mine, theirs in zip(values, rates[first])]
+    print(f"{name} / {first}, round by round: " + " ".join(f"{r:.2f}" for r in ratios)
+          + f"; median {statistics.median(ratios):.2f}x")'
