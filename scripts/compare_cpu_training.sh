@@ -7,8 +7,9 @@
 # should run), validation off. Prints per run the target tokens per second (the mean of
 # fairseq's wps over its log intervals) and the last logged loss, then the medians and their
 # ratios to the first run named (stock), and each round's ratio to that round's first run (the
-# machine's speed drifts between rounds, less within one), with the CPU's model name and flags. Stock runs
-# fairseq's adam; ours the optimizer the recipes choose on a CPU (user_plugin/training_defaults.py).
+# machine's speed drifts between rounds, less within one), with the CPU's model name and flags.
+# Stock runs fairseq's adam; ours the optimizer the recipes choose on a CPU
+# (user_plugin/training_defaults.py).
 #
 #   DATA_BIN=work_dirs/demo_multi30k/data-bin bash scripts/compare_cpu_training.sh
 #

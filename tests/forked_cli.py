@@ -176,10 +176,6 @@ class _Server:
 
         return {k for k, _ in startup(env) ^ startup(self.environment)}
 
-    def starts_alike(self, env: Mapping[str, str]) -> bool:
-        """Whether a new process with ``env`` would start as the server did."""
-        return not self.startup_differences(env)
-
 
 _server: _Server | None = None
 
