@@ -160,7 +160,7 @@ class _Server:
     environment: dict
     path: list
     set_by_imports: dict
-    modules: list
+    modules: frozenset
 
     def startup_differences(self, env: Mapping[str, str]) -> set:
         """The start-up variables a new process with ``env`` would start with otherwise than
@@ -201,7 +201,8 @@ def _fork_server() -> _Server:
         finally:
             os.environ.clear()
             os.environ.update(saved)
-        _server = _Server(environment, facts["path"], facts["set_by_imports"], facts["modules"])
+        _server = _Server(environment, facts["path"], facts["set_by_imports"],
+                          frozenset(facts["modules"]))
     return _server
 
 
@@ -217,30 +218,30 @@ def _python_command(cmd: Sequence, kwargs: dict) -> bool:
         "capture_output", "text", "cwd", "env", "input", "timeout", "check"}
 
 
+def _why_new_process(cmd: Sequence, kwargs: dict) -> str | None:
+    """Why ``cmd`` (run with ``kwargs``) must run as a new process; None if it can be forked."""
+    if not _python_command(cmd, kwargs):
+        return "not a captured python command"
+    differences = _fork_server().startup_differences(kwargs.get("env") or os.environ)
+    return f"start-up variables {sorted(differences)}" if differences else None
+
+
 def forkable(cmd: Sequence, kwargs: dict) -> bool:
     """Whether :func:`run` forks ``cmd`` (run with ``kwargs``) from the fork server."""
-    if not _python_command(cmd, kwargs):
-        _log(cmd, "new process: not a captured python command")
-        return False
-    differences = _fork_server().startup_differences(kwargs.get("env") or os.environ)
-    _log(cmd, f"new process: start-up variables {sorted(differences)}" if differences
-         else "forked")
-    return not differences
-
-
-def _log(cmd: Sequence, decision: str) -> None:
-    """Append ``decision`` for ``cmd`` to the file :data:`LOG_VARIABLE` names, if any."""
-    if os.environ.get(LOG_VARIABLE):
-        with open(os.environ[LOG_VARIABLE], "a", encoding="utf-8") as log:
-            log.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST"),
-                                  "command": [str(c) for c in cmd[:3]],
-                                  "decision": decision}) + "\n")
+    return _why_new_process(cmd, kwargs) is None
 
 
 def run(cmd: Sequence, **kwargs) -> subprocess.CompletedProcess:
     """``subprocess.run(cmd, **kwargs)``, forked from the fork server where :func:`forkable`;
-    a real new process otherwise."""
-    if not forkable(cmd, kwargs):
+    a real new process otherwise. Each decision is appended to the file
+    :data:`LOG_VARIABLE` names, if set."""
+    why = _why_new_process(cmd, kwargs)
+    if os.environ.get(LOG_VARIABLE):
+        with open(os.environ[LOG_VARIABLE], "a", encoding="utf-8") as log:
+            log.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST"),
+                                  "command": [str(c) for c in cmd[:3]],
+                                  "decision": f"new process: {why}" if why else "forked"}) + "\n")
+    if why:
         return subprocess.run(cmd, **kwargs)
     proc = _run_forked([str(c) for c in cmd[1:]], kwargs.get("env") or dict(os.environ),
                        cwd=kwargs.get("cwd"), timeout=kwargs.get("timeout"),

@@ -173,6 +173,6 @@ def test_inductors_variables_are_read_by_the_run_where_the_server_has_not_import
     assert forked.stdout.strip() == str(tmp_path / "ü cache")
     server = forked_cli._fork_server()
     assert "torch._inductor.config" not in server.modules
-    imported = dataclasses.replace(server, modules=[*server.modules, "torch._inductor.config"])
+    imported = dataclasses.replace(server, modules=server.modules | {"torch._inductor.config"})
     assert imported.startup_differences(
         server_env(TORCHINDUCTOR_CACHE_DIR=str(tmp_path))) == {"TORCHINDUCTOR_CACHE_DIR"}
