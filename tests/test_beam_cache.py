@@ -190,3 +190,78 @@ def test_step_by_step_attention_weights_equal_the_full_forward():
             rows = rows[new_order]
             tokens = torch.randint(4, len(dictionary), (4, 1), generator=gen)
             prefixes = torch.cat([prefixes[new_order], tokens], dim=1)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"cross_self_attention": True}],
+                         ids=["self_attention", "cross_self_attention"])
+def test_leaving_sentences_move_into_freed_rows_and_decoding_follows_the_full_forward(
+        overrides, monkeypatch):
+    """Five sentences x beam 3. Sentences leave from the front and the middle (the caches
+    then hold sentences in another order than the batch), one is continued twice (the caches
+    gather anew), then hypotheses move across sentences (the fall-back). Every step's logits
+    and both attentions' probabilities equal the full forward of each hypothesis' prefix."""
+    monkeypatch.setattr(beam_state, "INITIAL_CAPACITY", 4)
+    torch.manual_seed(4)
+    dictionary = make_dictionary(40)
+    model = build_vaswani(dictionary, "vaswani_base", **TINY, **overrides).eval()
+    beam, steps = 3, 9
+    src, src_lengths, _ = random_batch(dictionary, batch=5, src_len=6, tgt_len=2, seed=3)
+    gen = torch.Generator().manual_seed(11)
+    leaving = {1: [1, 2, 3, 4], 3: [0, 3], 5: [1, 1], 7: None}
+    with torch.no_grad():
+        expand = torch.arange(5).repeat_interleave(beam)
+        encoder_out = model.encoder.reorder_encoder_out(model.encoder(src, src_lengths), expand)
+        sentence_of_row = expand.clone()
+        prefixes = torch.full((15, 1), dictionary.eos())
+        state = {}
+        for step in range(steps):
+            logits, extra = model.decoder(prefixes, encoder_out, incremental_state=state,
+                                          need_attn=True)
+            full, full_extra = model(src[sentence_of_row], src_lengths[sentence_of_row],
+                                     prefixes, need_attn=True)
+            torch.testing.assert_close(logits[:, 0], full[:, -1], atol=1e-5, rtol=1e-5)
+            for ours, theirs in zip(extra["layer_attn"], full_extra["layer_attn"]):
+                for name, weights in ours.items():
+                    if weights is not None:
+                        torch.testing.assert_close(weights[:, :, 0], theirs[name][:, :, -1],
+                                                   atol=1e-5, rtol=1e-5)
+            rows = prefixes.size(0)
+            groups = torch.tensor(leaving.get(step) or list(range(rows // beam)))
+            within = torch.randint(0, beam, (groups.numel(), beam), generator=gen)
+            new_order = (groups[:, None] * beam + within).reshape(-1)
+            if step == 7:
+                new_order = new_order.roll(1)
+            caches = self_attention_caches(model, state)
+            pointers = [cache.keys.data_ptr() for cache in caches] if not overrides else None
+            model.decoder.reorder_incremental_state_scripting(state, new_order)
+            encoder_out = model.encoder.reorder_encoder_out(encoder_out, new_order)
+            state_now = decoder_beam(model, state)
+            if step == 1:  # sentence 0 left: sentence 4 moved into its row, in place
+                assert state_now.buffer_rows.tolist() == [1, 2, 3, 0]
+                if pointers is not None:
+                    assert [cache.keys.data_ptr() for cache in caches] == pointers
+            if step == 3:  # rows 1 and 0 hold the two sentences left: nothing moved
+                assert state_now.buffer_rows.tolist() == [1, 0]
+            if step == 5:  # one sentence continued twice: gathered anew, in the batch's order
+                assert state_now.buffer_rows is None
+            sentence_of_row = sentence_of_row[new_order]
+            next_tokens = torch.randint(4, len(dictionary), (new_order.numel(), 1), generator=gen)
+            prefixes = torch.cat([prefixes[new_order], next_tokens], dim=1)
+        assert decoder_beam(model, state).layout.group == 1
+
+
+def test_compaction_copies_only_as_many_sentences_as_left():
+    beam = BeamState(BeamLayout(5, 2), torch.device("cpu"))
+    beam.advance(10)
+    first = beam.follow(torch.tensor([2, 3, 4, 5, 6, 7, 8, 9]))  # sentence 0 leaves
+    assert [t.tolist() for t in first.moves] == [[0], [4]]
+    assert beam.buffer_rows.tolist() == [1, 2, 3, 0]
+    order = torch.tensor([[10, 11, 12, 13], [20, 21, 22, 23], [30, 31, 32, 33], [40, 41, 42, 43]])
+    buffer = torch.zeros(5, 4, dtype=torch.long)
+    buffer[:4] = order[[3, 0, 1, 2]]  # buffer row r holds the batch's sentence argsort(rows)[r]
+    torch.testing.assert_close(beam.from_buffer(buffer[:4]), order)
+    torch.testing.assert_close(beam.to_buffer(order), buffer[:4])
+    second = beam.follow(torch.tensor([0, 1, 6, 7]))  # keeps the batch's sentences 0 and 3
+    assert second.moves is None and beam.buffer_rows.tolist() == [1, 0]
+    third = beam.follow(torch.tensor([2, 3, 0, 1]))  # the two swap: rows follow, nothing moves
+    assert third.moves is None and beam.buffer_rows is None

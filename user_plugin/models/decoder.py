@@ -190,7 +190,8 @@ class VaswaniDecoder(TransformerStack, FairseqIncrementalDecoder):
         recorded = encoder_out.get("beam_layout") if encoder_out is not None else None
         layout = recorded[0] if recorded else BeamLayout(tokens.size(0))
         beam = BeamState(layout, tokens.device)
-        self.set_incremental_state(incremental_state, "beam", {"state": beam})
+        self.set_incremental_state(incremental_state, "beam",
+                                   {"state": beam, "followers": self._beam_followers()})
         return beam
 
     def reorder_incremental_state_scripting(
@@ -200,17 +201,26 @@ class VaswaniDecoder(TransformerStack, FairseqIncrementalDecoder):
         hand the result to every cache; modules with a cache of their own (an extension's
         attention) get fairseq's ``reorder_incremental_state`` call as usual."""
         saved = self.get_incremental_state(incremental_state, "beam")
-        reorder = saved["state"].follow(new_order) if saved is not None else None
-        for module in self.modules():
-            if module is self:
-                continue
+        if saved is None:
+            reorder, followers = None, self._beam_followers()
+        else:
+            reorder, followers = saved["state"].follow(new_order), saved["followers"]
+        for module in followers:
             if hasattr(module, "reorder_beam"):
                 if reorder is not None:
                     module.reorder_beam(incremental_state, reorder)
-            elif hasattr(module, "reorder_incremental_state"):
+            else:
                 result = module.reorder_incremental_state(incremental_state, new_order)
                 if result is not None:
                     incremental_state = result
+
+    def _beam_followers(self) -> List[nn.Module]:
+        """The submodules that follow beam reorders (``reorder_beam``, or fairseq's
+        ``reorder_incremental_state``), listed once per decoding: walking every module on every
+        step costs more than some reorders."""
+        return [module for module in self.modules() if module is not self
+                and (hasattr(module, "reorder_beam")
+                     or hasattr(module, "reorder_incremental_state"))]
 
     def _self_attention_mask(self, tokens: Tensor) -> Tensor:
         """The masked self-attention's mask (§3.2.3) for a whole target batch ``[B, T]``:

@@ -20,8 +20,10 @@ copy nothing on a reorder that keeps hypotheses within their sentences:
   self-attention over the encoder output followed by its own prefix): the encoder part once per
   sentence, the prefix part as the self-attention cache, one softmax over the two.
 
-Keys are copied only when sentences leave the batch (or, should hypotheses ever move across
-sentences, once, to one row per hypothesis).
+Keys are copied only when sentences leave the batch, and then only those of as many remaining
+sentences as left (:class:`~.beam_state.BeamState` moves them into the freed buffer rows); or,
+should hypotheses ever move across sentences, once, to one row per hypothesis. Each cache
+attends in its buffers' order of sentences and puts the outputs back in the batch's.
 """
 
 from __future__ import annotations
@@ -40,6 +42,15 @@ def _by_sentence(rows: Tensor, beam: BeamState, num_heads: int) -> Tensor:
     as one block of queries."""
     layout = beam.layout
     return split_heads(rows.view(layout.sentences, layout.group, -1), num_heads)
+
+
+def _store(step_buffer: Tensor, step: Tensor, beam: BeamState) -> None:
+    """Write one step ``[sentences, group, h, d]`` (the batch's order) into its buffer slice
+    ``[buffer rows, group, h, d]`` at the sentences' rows."""
+    if beam.buffer_rows is None:
+        step_buffer[: step.size(0)] = step
+    else:
+        step_buffer.index_copy_(0, beam.buffer_rows, step)
 
 
 def _by_row(per_sentence: Tensor, beam: BeamState) -> Tensor:
@@ -84,8 +95,9 @@ class SelfAttentionCache:
             self.keys = grow_steps(self.keys, step)
             self.values = grow_steps(self.values, step)
         sentences, group = beam.layout.sentences, beam.layout.group
-        self.keys[:, step] = key.view(sentences, group, self.num_heads, self.key_dim)
-        self.values[:, step] = value.view(sentences, group, self.num_heads, self.value_dim)
+        _store(self.keys[:, step], key.view(sentences, group, self.num_heads, self.key_dim), beam)
+        _store(self.values[:, step], value.view(sentences, group, self.num_heads, self.value_dim),
+               beam)
 
     def attend(self, query: Tensor, need_weights: bool = False,
                dropout_p: float = 0.0) -> Tuple[Tensor, Optional[Tensor]]:
@@ -97,46 +109,52 @@ class SelfAttentionCache:
         """
         beam = self.beam
         k, v = self.stored()
-        q = _by_sentence(query, beam, self.num_heads)
+        q = beam.to_buffer(_by_sentence(query, beam, self.num_heads))
         context, probs = attend(q, k, v, beam.prefix_mask(), dropout_p=dropout_p,
                                 need_weights=need_weights)
-        weights = None if probs is None else self.per_hypothesis(probs)
-        return _by_row(context, beam), weights
+        weights = None if probs is None else self.per_hypothesis(beam.from_buffer(probs))
+        return _by_row(beam.from_buffer(context), beam), weights
 
     def stored(self) -> Tuple[Tensor, Tensor]:
         """Each sentence's stored keys and values, ``[sentences, h, steps * group, d]``, in the
-        order :meth:`BeamState.prefix_mask` masks them."""
+        buffers' order of sentences and the order :meth:`BeamState.prefix_mask` masks them."""
         assert self.keys is not None and self.values is not None, "append before attend"
         beam, heads = self.beam, self.num_heads
         sentences, group, steps = beam.layout.sentences, beam.layout.group, beam.steps
-        k = self.keys[:, :steps].reshape(sentences, steps * group, heads, self.key_dim)
-        v = self.values[:, :steps].reshape(sentences, steps * group, heads, self.value_dim)
+        k = self.keys[:sentences, :steps].reshape(sentences, steps * group, heads, self.key_dim)
+        v = self.values[:sentences, :steps].reshape(sentences, steps * group, heads,
+                                                    self.value_dim)
         return k.transpose(1, 2), v.transpose(1, 2)
 
     def reorder(self, reorder: BeamReorder) -> None:
-        """Follow a beam reorder: copy only when sentences leave, or once on a fall-back."""
-        if self.keys is None:
+        """Follow a beam reorder: copy only when sentences leave (into the freed rows, in
+        place), or once into new buffers on a fall-back."""
+        if self.keys is None or self.values is None:
             return
         if reorder.ungroups:
             self.keys = self._ungrouped(self.keys, reorder)
             self.values = self._ungrouped(self.values, reorder)
-            return
-        if reorder.sentences is not None:
-            self.keys = self._selected(self.keys, reorder.sentences)
-            self.values = self._selected(self.values, reorder.sentences)
+        elif reorder.source_rows is not None:
+            self.keys = self._selected(self.keys, reorder.source_rows)
+            self.values = self._selected(self.values, reorder.source_rows)
+        elif reorder.moves is not None:
+            steps = self.beam.steps
+            reorder.follow_in_buffer(self.keys[:, :steps])
+            reorder.follow_in_buffer(self.values[:, :steps])
 
-    def _selected(self, buffer: Tensor, sentences: Tensor) -> Tensor:
-        """The filled prefix of ``buffer`` for ``sentences``, in a buffer of the same capacity."""
+    def _selected(self, buffer: Tensor, rows: Tensor) -> Tensor:
+        """The filled prefix of ``buffer``'s ``rows``, in a new buffer of the same capacity."""
         steps = self.beam.steps
-        out = buffer.new_empty((sentences.numel(),) + tuple(buffer.shape[1:]))
-        out[:, :steps] = buffer[:, :steps].index_select(0, sentences)
+        out = buffer.new_empty((rows.numel(),) + tuple(buffer.shape[1:]))
+        out[:, :steps] = buffer[:, :steps].index_select(0, rows)
         return out
 
     def _ungrouped(self, buffer: Tensor, reorder: BeamReorder) -> Tensor:
         """Each new row's own prefix in a row of its own (``group`` 1)."""
         steps = self.beam.steps
         slots = reorder.prefix_slots
-        sentence = reorder.sentences[:, None]
+        assert slots is not None and reorder.source_rows is not None, "set by BeamState.follow"
+        sentence = reorder.source_rows[:, None]
         step = torch.arange(steps, device=slots.device)[None, :]
         out = buffer.new_empty((reorder.after.rows, buffer.size(1), 1) + tuple(buffer.shape[3:]))
         out[:, :steps, 0] = buffer[sentence, step, slots]
@@ -175,21 +193,28 @@ class EncoderAttentionCache:
         """The ``group`` queries ``[rows, 1, h * d_k]`` of each sentence against that
         sentence's keys. Returns the context ``[rows, 1, h * d_v]`` and, if asked, the
         probabilities ``[rows, h, 1, S]``; ``dropout_p`` as :meth:`SelfAttentionCache.attend`."""
-        heads = self.key.size(1)
-        q = _by_sentence(query, self.beam, heads)
-        context, probs = attend(q, self.key, self.value, self.mask, dropout_p=dropout_p,
+        beam, heads = self.beam, self.key.size(1)
+        key, value, mask = self.stored()
+        q = beam.to_buffer(_by_sentence(query, beam, heads))
+        context, probs = attend(q, key, value, mask, dropout_p=dropout_p,
                                 need_weights=need_weights)
         weights = None
         if probs is not None:
-            weights = probs.transpose(1, 2).reshape(self.beam.rows, heads, 1, -1)
-        return _by_row(context, self.beam), weights
+            weights = beam.from_buffer(probs).transpose(1, 2).reshape(beam.rows, heads, 1, -1)
+        return _by_row(beam.from_buffer(context), beam), weights
+
+    def stored(self) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+        """The keys, values and mask of the batch's sentences, in the buffers' order."""
+        sentences = self.beam.layout.sentences
+        mask = None if self.mask is None else self.mask[:sentences]
+        return self.key[:sentences], self.value[:sentences], mask
 
     def reorder(self, reorder: BeamReorder) -> None:
-        """Keep the sentences that remain (one row per hypothesis after a fall-back)."""
-        self.key = reorder.select(self.key)
-        self.value = reorder.select(self.value)
+        """Follow the sentences that remain (one row per hypothesis after a fall-back)."""
+        self.key = reorder.follow_in_buffer(self.key)
+        self.value = reorder.follow_in_buffer(self.value)
         if self.mask is not None:
-            self.mask = reorder.select(self.mask)
+            self.mask = reorder.follow_in_buffer(self.mask)
 
 
 class CrossSelfAttentionCache:
@@ -219,25 +244,28 @@ class CrossSelfAttentionCache:
         prefix. Returns the context ``[rows, 1, h * d_v]`` and, if asked, the probabilities
         ``[rows, h, 1, S + steps]`` (source positions first); ``dropout_p`` as
         :meth:`SelfAttentionCache.attend`."""
-        beam, encoder = self.prefix.beam, self.encoder
+        beam = self.prefix.beam
+        source_k, source_v, source_mask = self.encoder.stored()
         prefix_k, prefix_v = self.prefix.stored()
-        k = torch.cat([encoder.key, prefix_k], dim=2)
-        v = torch.cat([encoder.value, prefix_v], dim=2)
-        q = _by_sentence(query, beam, self.prefix.num_heads)
-        context, probs = attend(q, k, v, self._mask(q), dropout_p=dropout_p,
+        k = torch.cat([source_k, prefix_k], dim=2)
+        v = torch.cat([source_v, prefix_v], dim=2)
+        q = beam.to_buffer(_by_sentence(query, beam, self.prefix.num_heads))
+        context, probs = attend(q, k, v, self._mask(q, source_mask), dropout_p=dropout_p,
                                 need_weights=need_weights)
+        context = beam.from_buffer(context)
         weights = None
         if probs is not None:
-            source = encoder.key.size(2)
+            probs = beam.from_buffer(probs)
+            source = source_k.size(2)
             to_source = probs[..., :source].transpose(1, 2).reshape(beam.rows, -1, 1, source)
             to_prefix = self.prefix.per_hypothesis(probs[..., source:].contiguous())
             weights = torch.cat([to_source, to_prefix], dim=-1)
         return _by_row(context, beam), weights
 
-    def _mask(self, q: Tensor) -> Optional[Tensor]:
-        """``[sentences, 1, group, S + steps * group]``: the real source tokens, then the
-        hypothesis' own prefix; None when nothing is hidden."""
-        source_mask, prefix_mask = self.encoder.mask, self.prefix.beam.prefix_mask()
+    def _mask(self, q: Tensor, source_mask: Optional[Tensor]) -> Optional[Tensor]:
+        """``[sentences, 1, group, S + steps * group]``, in the buffers' order: the real source
+        tokens (``source_mask``), then the hypothesis' own prefix; None when nothing is hidden."""
+        prefix_mask = self.prefix.beam.prefix_mask()
         if source_mask is None and prefix_mask is None:
             return None
         sentences, _, group, _ = q.shape

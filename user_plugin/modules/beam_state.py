@@ -14,9 +14,16 @@ the rest is bookkeeping of which hypothesis continues which.
   nothing moves), or, should hypotheses ever move across sentences, a fall-back to one row per
   "sentence" (``group`` 1).
 * :class:`BeamState`: the decoder's single record while decoding: the layout, the number of
-  steps, and the *ancestry* of every hypothesis (``ancestry[r, s]``: the hypothesis, counted
-  within its sentence, whose step ``s`` is on row ``r``'s prefix). Every layer's self-attention
-  cache reads the same ancestry and the same prefix mask, both kept here.
+  steps, the *ancestry* of every hypothesis (``ancestry[r, s]``: the hypothesis, counted
+  within its sentence, whose step ``s`` is on row ``r``'s prefix), and where each sentence's
+  data lies in the caches' per-sentence buffers (:attr:`BeamState.buffer_rows`). Every layer's
+  caches read the same ancestry, prefix mask and buffer rows, all kept here.
+
+When sentences leave the batch, the caches keep their buffers: the sentences that remain keep
+their rows, and only those stored past the new number of sentences move into the rows that
+were freed, so a step copies the data of as many sentences as left (not of all that remain).
+The buffers' rows are then a permutation of the batch's sentences, which the caches undo on
+the small per-step tensors (queries and outputs), never on the stored keys.
 
 A layout of ``group`` 1 (no beam, or rows not grouped) is exact too; it only copies more.
 """
@@ -24,7 +31,7 @@ A layout of ``group`` 1 (no beam, or rows not grouped) is exact too; it only cop
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -83,6 +90,13 @@ class BeamReorder:
             None when the sentences stay as they are (nothing to select).
         prefix_slots: set by :class:`BeamState` when the reorder ungroups: for each new row,
             the slot of each step of its prefix (the ancestry before the fall-back).
+        source_rows: set by :class:`BeamState` when per-sentence buffers have to be gathered
+            anew (the reorder ungroups, or continues a sentence twice): for each new row (new
+            sentence), the buffer row of the sentence it continues.
+        moves: set by :class:`BeamState` when sentences leave: ``(to, from)``, the buffer rows
+            that per-sentence buffers copy in place (``buffer[to] = buffer[from]``), after
+            which rows ``0 .. after.sentences - 1`` hold the remaining sentences; None when
+            nothing moves.
     """
 
     new_order: Tensor
@@ -90,17 +104,23 @@ class BeamReorder:
     after: BeamLayout
     sentences: Optional[Tensor]
     prefix_slots: Optional[Tensor] = None
+    source_rows: Optional[Tensor] = None
+    moves: Optional[Tuple[Tensor, Tensor]] = None
 
     @property
     def ungroups(self) -> bool:
         """Hypotheses moved across sentences: per-sentence data becomes per-row data."""
         return self.after.group == 1 and self.before.group > 1
 
-    def select(self, per_sentence: Tensor) -> Tensor:
-        """``per_sentence`` (first dimension = sentences of ``before``) for ``after``."""
-        if self.sentences is None:
-            return per_sentence
-        return per_sentence.index_select(0, self.sentences)
+    def follow_in_buffer(self, buffer: Tensor) -> Tensor:
+        """A per-sentence buffer (first dimension: buffer rows) after this reorder: rows moved
+        in place, or gathered into a new buffer (``source_rows``)."""
+        if self.source_rows is not None:
+            return buffer.index_select(0, self.source_rows)
+        if self.moves is not None:
+            to, source = self.moves
+            buffer.index_copy_(0, to, buffer.index_select(0, source))
+        return buffer
 
 
 class BeamState:
@@ -118,6 +138,9 @@ class BeamState:
         self._own_slots = self._slots_of(layout)
         self._mask: Optional[Tensor] = None
         self._mask_steps = -1
+        # the buffer row of each sentence in the caches' per-sentence buffers; None: row i
+        self.buffer_rows: Optional[Tensor] = None
+        self._buffer_order: Optional[Tensor] = None  # the sentence in each buffer row
 
     @property
     def rows(self) -> int:
@@ -140,8 +163,12 @@ class BeamState:
         reorder = self.layout.follow(new_order)
         ancestry = self.ancestry.index_select(0, new_order)
         if reorder.ungroups:
-            reorder = replace(reorder, prefix_slots=ancestry[:, : self.steps])
+            reorder = replace(reorder, prefix_slots=ancestry[:, : self.steps],
+                              source_rows=self._rows_of(reorder.sentences))
             ancestry = torch.zeros_like(ancestry)  # every hypothesis owns its row: slot 0
+            self._set_buffer_rows(None)  # each cache makes a new buffer, one row per hypothesis
+        elif reorder.sentences is not None:
+            reorder = self._compact(reorder)
         self.ancestry = ancestry
         if reorder.after != self.layout:
             self._own_slots = self._slots_of(reorder.after)
@@ -150,17 +177,63 @@ class BeamState:
         return reorder
 
     def prefix_mask(self) -> Optional[Tensor]:
-        """``[sentences, 1, group, steps * group]``: which of its sentence's stored keys each
-        hypothesis sees (its own prefix, §3.2.3); None with one hypothesis per sentence."""
+        """``[sentences, 1, group, steps * group]``, in the buffers' order of sentences
+        (:meth:`to_buffer`): which of its sentence's stored keys each hypothesis sees (its own
+        prefix, §3.2.3); None with one hypothesis per sentence."""
         if self.layout.group == 1:
             return None
         if self._mask_steps != self.steps:
             sentences, group, steps = self.layout.sentences, self.layout.group, self.steps
             own = self.ancestry[:, :steps].reshape(sentences, group, steps, 1)
             own = own == self._own_slots[:group]
-            self._mask = own.view(sentences, 1, group, steps * group)
+            self._mask = self.to_buffer(own.view(sentences, 1, group, steps * group))
             self._mask_steps = steps
         return self._mask
+
+    def to_buffer(self, per_sentence: Tensor) -> Tensor:
+        """``per_sentence`` (one entry per sentence, in the batch's order) in the order of the
+        caches' buffer rows."""
+        if self._buffer_order is None:
+            return per_sentence
+        return per_sentence.index_select(0, self._buffer_order)
+
+    def from_buffer(self, per_row: Tensor) -> Tensor:
+        """The inverse of :meth:`to_buffer`: entries in buffer order back in the batch's."""
+        if self.buffer_rows is None:
+            return per_row
+        return per_row.index_select(0, self.buffer_rows)
+
+    def _rows_of(self, sentences: Tensor) -> Tensor:
+        """The buffer rows of ``sentences`` (indices in the batch before a reorder)."""
+        return sentences if self.buffer_rows is None else self.buffer_rows[sentences]
+
+    def _compact(self, reorder: BeamReorder) -> BeamReorder:
+        """Keep the sentences that remain (``reorder.sentences``, in their new order) in buffer
+        rows ``0 .. n - 1``: each keeps its row if it is below ``n``, the others move into the
+        rows freed by the sentences that left (``reorder.moves``).
+
+        A sentence continued twice (which beam search never asks, but a reorder may) needs a
+        copy of its data in a row of its own: the caches then gather every remaining sentence
+        into new buffers (``reorder.source_rows``)."""
+        held = self._rows_of(reorder.sentences)
+        count = held.numel()
+        if torch.unique(held).numel() != count:
+            self._set_buffer_rows(None)
+            return replace(reorder, source_rows=held)
+        outside = held >= count
+        taken = torch.zeros(count, dtype=torch.bool, device=held.device)
+        taken[held[~outside]] = True
+        freed = (~taken).nonzero().squeeze(1)
+        moves = (freed, held[outside]) if freed.numel() else None
+        held = held.clone()
+        held[outside] = freed
+        in_place = bool(held.eq(torch.arange(count, device=held.device)).all())
+        self._set_buffer_rows(None if in_place else held)
+        return replace(reorder, moves=moves)
+
+    def _set_buffer_rows(self, rows: Optional[Tensor]) -> None:
+        self.buffer_rows = rows
+        self._buffer_order = None if rows is None else torch.argsort(rows)
 
     def _slots_of(self, layout: BeamLayout) -> Tensor:
         """``r % group`` for every row ``r``: the slot each hypothesis writes its steps to."""
