@@ -271,14 +271,26 @@ def summarize(runs: dict[str, dict[int, list[dict]]], engines: Sequence[str],
                 mine["speedup_over_builtin"] = (
                     mine["sentences_per_s"]
                     / summary["builtin"][f"threads_{threads}"]["sentences_per_s"])
+                # each repeat against the built-in's run of the same repeat: the machine's
+                # speed drifts between repeats more than within one
+                mine["speedup_by_repeat"] = [
+                    run["sentences_per_s"] / stock["sentences_per_s"]
+                    for run, stock in zip(runs[engine][threads], runs["builtin"][threads])]
     return summary
+
+
+def _spread(ratios: Sequence[float]) -> str:
+    """``min-max (median x)`` of per-repeat ratios; empty without any."""
+    if not ratios:
+        return ""
+    return f"{min(ratios):.2f}-{max(ratios):.2f} ({statistics.median(ratios):.2f}x)"
 
 
 def markdown(summary: dict[str, Any], thread_counts: Sequence[int]) -> str:
     header = ["engine"]
     for threads in thread_counts:
         header += [f"sentences/s ({threads}t)", f"tokens/s ({threads}t)",
-                   f"vs built-in ({threads}t)"]
+                   f"vs built-in ({threads}t)", f"repeat by repeat ({threads}t)"]
     header += ["sacreBLEU", "= exact decoder", "= built-in"]
     rows = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for engine, entry in summary.items():
@@ -286,7 +298,8 @@ def markdown(summary: dict[str, Any], thread_counts: Sequence[int]) -> str:
         for threads in thread_counts:
             run = entry[f"threads_{threads}"]
             cells += [f"{run['sentences_per_s']:.1f}", f"{run['tokens_per_s']:,.0f}",
-                      f"{run.get('speedup_over_builtin', float('nan')):.2f}x"]
+                      f"{run.get('speedup_over_builtin', float('nan')):.2f}x",
+                      _spread(run.get("speedup_by_repeat", []))]
         cells.append(f"{entry['bleu']['score']:.2f}")
         for key in ("agreement_with_exact", "agreement_with_builtin"):
             share = entry.get(key)

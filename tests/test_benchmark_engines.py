@@ -40,6 +40,12 @@ def test_engines_decode_the_same_sentences_and_report_speed_bleu_agreement(shipp
         assert summary[engine]["threads_1"]["sentences_per_s"] > 0
     assert summary["ours"]["agreement_with_exact"]["share"] == 1.0
     assert summary["builtin"]["threads_1"]["speedup_over_builtin"] == pytest.approx(1.0)
+    assert summary["builtin"]["threads_1"]["speedup_by_repeat"] == pytest.approx([1.0, 1.0])
+    ours_runs = result["runs"]["ours"]["1"]
+    stock_runs = result["runs"]["builtin"]["1"]
+    assert summary["ours"]["threads_1"]["speedup_by_repeat"] == pytest.approx(
+        [mine["sentences_per_s"] / stock["sentences_per_s"]
+         for mine, stock in zip(ours_runs, stock_runs)])
     # our model searched by stock's rules finds stock's hypotheses: its speed-up compares like
     # with like (one near-tie in 100 sentences may flip, the models agree to 1e-5)
     assert summary["ours-fairseq-rules"]["agreement_with_builtin"]["share"] >= 0.99
@@ -56,6 +62,7 @@ def test_engines_decode_the_same_sentences_and_report_speed_bleu_agreement(shipp
                for entry in summary.values())
     table = markdown.read_text()
     assert table.count("\n") == 2 + 5 and "| ct2-int8 |" in table
+    assert "| 1.00x | 1.00-1.00 (1.00x) |" in table  # the built-in against itself
     assert proc.stdout.count("exporting") == 3
     # a second run reuses the exports
     again = forked_cli.run(command[:-4] + ["--repeats", "1", "--engines", "ct2-float32"],
