@@ -70,3 +70,39 @@ def test_engines_decode_the_same_sentences_and_report_speed_bleu_agreement(shipp
                            capture_output=True, text=True, timeout=600, check=False)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "exporting" not in again.stdout
+
+
+def test_decoding_attribution_times_each_part_in_both_models(shipping_models, tmp_path):
+    """scripts/decoding_attribution.py: the timers attach to both models' attention modules,
+    their projections and the generator's reorders, and the parts add up."""
+    export = tmp_path / "builtin.pt"
+    exported = forked_cli.run(
+        [sys.executable, "-m", "user_plugin.commands.export",
+         str(shipping_models.checkpoints["postnorm_shared"]), "--data-dir",
+         str(shipping_models.data_bin), "--to", "fairseq", "--output", str(export)],
+        env={**fairseq_env(), "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+        timeout=600, check=False)
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    out = tmp_path / "attribution.json"
+    command = [sys.executable, str(REPO / "scripts" / "decoding_attribution.py"),
+               "--checkpoint", str(shipping_models.checkpoints["postnorm_shared"]),
+               "--builtin", str(export), "--data-dir", str(shipping_models.data_bin),
+               "--repeats", "1", "--json-out", str(out)]
+    proc = forked_cli.run(command, env={**fairseq_env(), "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(out.read_text())["summary"]
+    for run in ("stock", "ours"):
+        parts = summary[run]
+        assert 0 < parts["projections"] < parts["attention"] < parts["generation"], run
+        assert parts["reorders"] > 0, run
+        assert parts["attention_owned"] + parts["rest"] == pytest.approx(parts["generation"])
+    assert summary["speedup"] == pytest.approx(
+        summary["stock"]["generation"] / summary["ours"]["generation"])
+    assert "at most" in proc.stdout and "| stock |" in proc.stdout
+    missing = forked_cli.run(command[:4] + ["--builtin", str(tmp_path / "none.pt"),
+                                            "--data-dir", str(shipping_models.data_bin)],
+                             capture_output=True, text=True, timeout=120, check=False)
+    assert missing.returncode == 1
+    assert missing.stderr.strip().splitlines() == [
+        f"decoding_attribution.py: error: {tmp_path / 'none.pt'}: no such model file"]
