@@ -236,6 +236,16 @@ TINY = dict(
 )
 
 
+def beam_search_start(model, dictionary: Dictionary, src, src_lengths, beam: int):
+    """What fairseq's SequenceGenerator hands the decoder on its first step: the encoder output
+    expanded to ``beam`` rows per sentence, each row's sentence, and the one-token prefixes."""
+    sentences = src.size(0)
+    expand = torch.arange(sentences).repeat_interleave(beam)
+    encoder_out = model.encoder.reorder_encoder_out(model.encoder(src, src_lengths), expand)
+    prefixes = torch.full((sentences * beam, 1), dictionary.eos())
+    return encoder_out, expand.clone(), prefixes
+
+
 def random_batch(dictionary: Dictionary, batch: int = 3, src_len: int = 7, tgt_len: int = 6,
                  seed: int = 0):
     """Left-padded sources and right-padded targets of random lengths, as fairseq batches them."""

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import TINY, build_vaswani, make_dictionary, random_batch
+from conftest import TINY, beam_search_start, build_vaswani, make_dictionary, random_batch
 
 from user_plugin.modules import beam_state
 from user_plugin.modules.beam_cache import SelfAttentionCache
@@ -209,10 +209,8 @@ def test_leaving_sentences_move_into_freed_rows_and_decoding_follows_the_full_fo
     gen = torch.Generator().manual_seed(11)
     leaving = {1: [1, 2, 3, 4], 3: [0, 3], 5: [1, 1], 7: None}
     with torch.no_grad():
-        expand = torch.arange(5).repeat_interleave(beam)
-        encoder_out = model.encoder.reorder_encoder_out(model.encoder(src, src_lengths), expand)
-        sentence_of_row = expand.clone()
-        prefixes = torch.full((15, 1), dictionary.eos())
+        encoder_out, sentence_of_row, prefixes = beam_search_start(model, dictionary, src,
+                                                                   src_lengths, beam)
         state = {}
         for step in range(steps):
             logits, extra = model.decoder(prefixes, encoder_out, incremental_state=state,

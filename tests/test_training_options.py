@@ -19,7 +19,7 @@ from cli import (
     json_log_records,
     run_fairseq,
 )
-from conftest import TINY, build_vaswani, make_dictionary, random_batch
+from conftest import TINY, beam_search_start, build_vaswani, make_dictionary, random_batch
 
 from user_plugin.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropy,
@@ -447,10 +447,8 @@ def test_beam_search_steps_follow_the_full_forward(variant, monkeypatch):
     src, src_lengths, _ = random_batch(dictionary, batch=3, src_len=6, tgt_len=2, seed=1)
     gen = torch.Generator().manual_seed(5)
     with torch.no_grad():
-        expand = torch.arange(3).repeat_interleave(beam)
-        encoder_out = model.encoder.reorder_encoder_out(model.encoder(src, src_lengths), expand)
-        sentence_of_row = expand.clone()
-        prefixes = torch.full((9, 1), dictionary.eos())
+        encoder_out, sentence_of_row, prefixes = beam_search_start(model, dictionary, src,
+                                                                   src_lengths, beam)
         state = {}
         for step in range(8):
             logits, _ = model.decoder(prefixes, encoder_out, incremental_state=state)
