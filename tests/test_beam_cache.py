@@ -238,6 +238,10 @@ def test_leaving_sentences_move_into_freed_rows_and_decoding_follows_the_full_fo
                 assert state_now.buffer_rows.tolist() == [1, 2, 3, 0]
                 if pointers is not None:
                     assert [cache.keys.data_ptr() for cache in caches] == pointers
+                    # each layer's encoder cache owns the mask whose rows it moves in place
+                    masks = [layer.encoder_attn.get_incremental_state(state, "attn_cache")
+                             ["cache"].mask for layer in model.decoder.layers]
+                    assert masks[0].data_ptr() != masks[1].data_ptr()
             if step == 3:  # rows 1 and 0 hold the two sentences left: nothing moved
                 assert state_now.buffer_rows.tolist() == [1, 0]
             if step == 5:  # one sentence continued twice: gathered anew, in the batch's order

@@ -177,7 +177,7 @@ class EncoderAttentionCache:
     Args:
         beam: the decoder's beam state.
         key, value: the projected keys and values of one encoder output per sentence
-            (``[sentences, h, S, d]``).
+            (``[sentences, h, S, d]``), the cache's own: it moves their rows in place.
         mask: ``[sentences, 1, 1, S]`` (True = real source token), or None without padding.
     """
 
@@ -186,7 +186,8 @@ class EncoderAttentionCache:
         self.beam = beam
         self.key = key
         self.value = value
-        self.mask = mask
+        # rows move in place when sentences leave: the decoder shares one mask between layers
+        self.mask = None if mask is None else mask.clone()
 
     def attend(self, query: Tensor, need_weights: bool = False,
                dropout_p: float = 0.0) -> Tuple[Tensor, Optional[Tensor]]:
