@@ -57,14 +57,17 @@ logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(me
 
 from user_plugin.files import UserError, atomic_write_text, read_lines, run_main  # noqa: E402
 from user_plugin.measurement.cpu import cpu_flags, cpu_name  # noqa: E402
-from user_plugin.paper import BEAM, LENPEN, MAX_LEN_OVER_SOURCE  # noqa: E402
+from user_plugin.measurement.generate_runs import (  # noqa: E402
+    generate_arguments,
+    generate_environment,
+)
+from user_plugin.paper import BEAM, LENPEN  # noqa: E402
 
 ENGINES = ("builtin", "ours", "ours-fairseq-rules", "ct2-float32", "ct2-int8")
 # engines whose search is stock fairseq's, whose hypotheses are compared with builtin's
 STOCK_RULES = ("builtin", "ours-fairseq-rules")
 # what each run keeps per sentence, for the agreement figures; the JSON leaves it out
 PER_SENTENCE = ("hypotheses", "scores")
-USER_DIR = REPO / "user_plugin"
 TRANSLATED = re.compile(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s")
 
 
@@ -138,20 +141,9 @@ def source_lines(data_dir: Path, subset: str) -> list[str]:
 
 def fairseq_generate(engine: str, path: Path, args, threads: int) -> dict[str, Any]:
     """Time fairseq-generate (its generation timer) on ``path``; hypotheses by sentence id."""
-    command = [sys.executable, "-m", "fairseq_cli.generate", str(args.data_dir), "--path",
-               str(path), "--gen-subset", args.subset, "--beam", str(BEAM), "--lenpen",
-               str(LENPEN), "--batch-size", str(args.batch_size),
-               "--required-batch-size-multiple", "1"]
-    if engine.startswith("ours"):
-        command += ["--user-dir", str(USER_DIR), "--task", "vaswani_translation"]
-    if engine == "ours-fairseq-rules":
-        command += ["--length-penalty-form", "fairseq", "--max-len-over-source", "-1"]
-    if engine != "ours":
-        command += ["--max-len-a", "1", "--max-len-b", str(MAX_LEN_OVER_SOURCE)]
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-               PYTHONPATH=str(REPO))
-    if engine == "builtin":  # the export is laid out as stock fairseq's own (a Namespace)
-        env["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] = "1"
+    command = [sys.executable, "-m", "fairseq_cli.generate",
+               *generate_arguments(engine, args.data_dir, path, args.subset, args.batch_size)]
+    env = dict(generate_environment(engine, threads), PYTHONPATH=str(REPO))
     proc = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     found = TRANSLATED.search(proc.stderr + proc.stdout)
     if proc.returncode != 0 or found is None:

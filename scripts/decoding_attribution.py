@@ -110,32 +110,21 @@ def worker(generate_argv: List[str]) -> None:
 # -- the driver ---------------------------------------------------------------------------------
 
 
-def generate_argv(run: str, args) -> List[str]:
-    from user_plugin.paper import BEAM, LENPEN, MAX_LEN_OVER_SOURCE
-
-    model = args.builtin if run == "stock" else args.checkpoint
-    argv = [str(args.data_dir), "--path", str(model), "--gen-subset", args.subset, "--beam",
-            str(BEAM), "--lenpen", str(LENPEN), "--batch-size", str(args.batch_size),
-            "--required-batch-size-multiple", "1", "--max-len-a", "1", "--max-len-b",
-            str(MAX_LEN_OVER_SOURCE), "--quiet"]
-    if run == "ours":
-        argv += ["--user-dir", str(REPO / "user_plugin"), "--task", "vaswani_translation",
-                 "--length-penalty-form", "fairseq", "--max-len-over-source", "-1"]
-    return argv
+# each run as an engine of user_plugin.measurement.generate_runs
+ENGINE_OF = {"stock": "builtin", "ours": "ours-fairseq-rules"}
 
 
 def measure(run: str, args) -> Dict[str, float]:
     """One run in a fresh process (stock's without the plugin), one thread."""
-    import os
-
     from user_plugin.files import UserError
+    from user_plugin.measurement.generate_runs import generate_arguments, generate_environment
 
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    if run == "stock":  # the export is laid out as stock fairseq's own (a Namespace)
-        env["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] = "1"
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--_worker",
-                           *generate_argv(run, args)],
-                          capture_output=True, text=True, env=env, check=False)
+    engine = ENGINE_OF[run]
+    model = args.builtin if run == "stock" else args.checkpoint
+    argv = generate_arguments(engine, args.data_dir, model, args.subset, args.batch_size)
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--_worker", *argv,
+                           "--quiet"], capture_output=True, text=True,
+                          env=generate_environment(engine, threads=1), check=False)
     lines = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
