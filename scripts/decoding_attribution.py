@@ -75,8 +75,9 @@ def worker(generate_argv: List[str]) -> None:
     depth = [0]
 
     def instrument(model: nn.Module) -> None:
+        attention_classes = _attention_classes()
         for module in model.modules():
-            if isinstance(module, _attention_classes()):
+            if isinstance(module, attention_classes):
                 forward = module.forward
 
                 def attention(*args, _forward=forward, **kwargs):
