@@ -16,11 +16,20 @@
 # Environment: DATA_BIN (required), UPDATES [150], ROUNDS [3], VENV [.venv], RUNS [stock-fp32
 # ours-fp32 ours-bf16, the last where the CPU has bf16 instructions]: runs named
 # WHO-PRECISION[-compile], WHO stock or ours, PRECISION fp32 or bf16, -compile adding
-# --compile-layers (ours only).
+# --compile-layers (ours only); PROFILE [none]: after the rounds, one more run of each under
+# torch.profiler over its last PROFILE updates (user_plugin/measurement/train_step_probe.py,
+# run as a file, so a stock run stays stock), printing where its operators' time goes: matrix
+# products, attention kernels, the Python between operators and everything else (the
+# profiler's cost makes these runs' speeds useless, so they are not counted).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${DATA_BIN:?set DATA_BIN to the data-bin of the demo (bash recipes/demo_multi30k.sh makes it)}"
 UPDATES=${UPDATES:-150} ROUNDS=${ROUNDS:-3}
+[[ "$UPDATES" =~ ^[1-9][0-9]*$ && "$UPDATES" -ge 2 ]] \
+  || { echo "UPDATES: '$UPDATES' is not a number of updates of at least 2" >&2; exit 2; }
+[[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || { echo "ROUNDS: '$ROUNDS' is not a positive number" >&2; exit 2; }
+# fairseq logs a speed every LOG_INTERVAL updates: at least two intervals a run
+LOG_INTERVAL=$(( UPDATES >= 100 ? 50 : UPDATES / 2 ))
 # shellcheck disable=SC1091
 source "${VENV:-.venv}/bin/activate"
 # the demo's model and schedule (recipes/demo_multi30k.sh); stock's inverse_sqrt peaks at
@@ -51,17 +60,24 @@ for run in "${runs[@]}"; do
   [[ "$run" =~ ^(stock-fp32|ours-(fp32|bf16)(-compile)?)$ ]] \
     || { echo "RUNS: '$run' is not stock-fp32 or ours-PRECISION[-compile] (PRECISION fp32 or bf16; stock's --bf16 means a TPU)" >&2; exit 2; }
 done
+if [ -n "${PROFILE:-}" ]; then
+  [[ "$PROFILE" =~ ^[1-9][0-9]*$ ]] && (( PROFILE < UPDATES )) \
+    || { echo "PROFILE: '$PROFILE' is not a number of updates from 1 to UPDATES - 1 ($((UPDATES - 1)))" >&2; exit 2; }
+fi
+# the arguments of fairseq-train for RUN, into args
+train_args() {
+  if [ "${1%%-*}" = ours ]; then args=("${ours[@]}"); else args=("${stock[@]}"); fi
+  [[ "$1" == *-bf16* ]] && args+=(--bf16)
+  [[ "$1" == *-compile ]] && args+=(--compile-layers)
+  args=("$DATA_BIN" "${sizes[@]}" "${args[@]}" --max-update "$UPDATES" --seed 1
+        --max-tokens 2048 --required-batch-size-multiple 1 --save-dir "$work/$1" --no-save
+        --disable-validation --log-format simple --log-interval "$LOG_INTERVAL" --num-workers 1 --cpu)
+}
 declare -A rates
 for round in $(seq "$ROUNDS"); do
   for run in "${runs[@]}"; do
-    if [ "${run%%-*}" = ours ]; then args=("${ours[@]}"); else args=("${stock[@]}"); fi
-    [[ "$run" == *-bf16* ]] && args+=(--bf16)
-    [[ "$run" == *-compile ]] && args+=(--compile-layers)
-    fairseq-train "$DATA_BIN" "${sizes[@]}" "${args[@]}" \
-      --max-update "$UPDATES" --seed 1 --max-tokens 2048 --required-batch-size-multiple 1 \
-      --save-dir "$work/$run" --no-save --disable-validation --log-format simple \
-      --log-interval 50 --num-workers 1 --cpu > "$work/log" 2>&1 \
-      || { tail -5 "$work/log"; exit 1; }
+    train_args "$run"
+    fairseq-train "${args[@]}" > "$work/log" 2>&1 || { tail -5 "$work/log"; exit 1; }
     rate=$(grep -o 'wps=[0-9.]*' "$work/log" | cut -d= -f2 \
            | python -c 'import statistics, sys; print(round(statistics.mean(map(float, sys.stdin))))')
     loss=$(grep -o ' loss=[0-9.]*' "$work/log" | tail -1)
@@ -85,3 +101,16 @@ for name, values in list(rates.items())[1:]:
     ratios = [mine / theirs for mine, theirs in zip(values, rates[first])]
     print(f"{name} / {first}, round by round: " + " ".join(f"{r:.2f}" for r in ratios)
           + f"; median {statistics.median(ratios):.2f}x")'
+[ -n "${PROFILE:-}" ] || exit 0
+for run in "${runs[@]}"; do
+  train_args "$run"
+  python user_plugin/measurement/train_step_probe.py "$work/$run.json" \
+    --profile "$((UPDATES - PROFILE + 1)):$PROFILE" -- fairseq_cli.train "${args[@]}" \
+    > "$work/log" 2>&1 || { tail -5 "$work/log"; exit 1; }
+  python -c 'import json, sys
+from user_plugin.measurement.train_step_probe import shares_line
+profile = json.load(open(sys.argv[1]))["profile"]
+first, last = profile["calls"]
+print(f"{sys.argv[2]}, profiled updates {first}-{last}: "
+      + shares_line(profile["host_operator_shares"]))' "$work/$run.json" "$run"
+done

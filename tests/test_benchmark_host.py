@@ -16,6 +16,7 @@ import json
 import sys
 
 import forked_cli
+import pytest
 from conftest import REPO, SHARED_DATA, require_data
 
 from user_plugin.measurement.host_benchmark import RECORD_KEYS
@@ -61,3 +62,50 @@ def test_an_unknown_run_is_one_error_line(tmp_path):
             ["stock-fp32", "stock-fp16", "stock-memory_efficient_fp16", "ours-fp32",
              "ours-fp16", "ours-bf16", "ours-bf16_autocast", "ours-memory_efficient_fp16"])]
     assert not (tmp_path / "x.json").exists()
+
+
+def test_host_operator_shares_sort_the_profiled_time_into_its_parts():
+    import torch
+
+    from user_plugin.measurement.train_step_probe import host_operator_shares, shares_line
+
+    x = torch.randn(96, 96, requires_grad=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        with torch.profiler.record_function("train_step-1"):
+            for _ in range(3):
+                y = (x @ x).relu()
+                q = y[None, None]
+                out = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+                (out.sum() + y.sum()).backward()
+    events = profile.events()
+    shares = host_operator_shares(events, top=3)
+    parts = ("matrix_products", "attention_kernels", "python_between_operators",
+             "other_operators")
+    assert sum(shares[p] for p in parts) == pytest.approx(1.0)
+    assert all(shares[p] > 0 for p in parts)
+    # each part is the self time of exactly its operators
+    total = sum(e.self_cpu_time_total for e in events)
+    products = sum(e.self_cpu_time_total for e in events if e.name == "aten::mm")
+    assert shares["matrix_products"] == pytest.approx(products / total)
+    assert len(shares["largest_other_operators"]) == 3
+    assert not any(name == "aten::mm" or "scaled_dot_product" in name
+                   for name in shares["largest_other_operators"])
+    line = shares_line(shares)
+    assert line.startswith(f"matrix products {100 * shares['matrix_products']:.1f} %")
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"PROFILE": "0"}, "PROFILE: '0' is not a number of updates from 1 to UPDATES - 1 (149)"),
+    ({"PROFILE": "150"}, "PROFILE: '150' is not a number of updates from 1 to UPDATES - 1 (149)"),
+    ({"UPDATES": "1"}, "UPDATES: '1' is not a number of updates of at least 2"),
+    ({"ROUNDS": "two"}, "ROUNDS: 'two' is not a positive number"),
+])
+def test_compare_cpu_training_refuses_bad_settings_in_one_line(tmp_path, env, message):
+    import os
+
+    proc = forked_cli.run(
+        ["bash", str(REPO / "scripts" / "compare_cpu_training.sh")],
+        env=dict(os.environ, DATA_BIN=str(tmp_path), VENV=str(REPO / ".venv"), **env),
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [message]

@@ -143,6 +143,13 @@ def test_speed_runs_stock_without_the_plugin_and_counts_flops_by_the_formula(dry
         # backward is slow there: modules/scaled_dot_product.fused_is_slow); stock's is fused
         fused_calls = sum(profile["attention_backends_per_update"].values())
         assert (fused_calls > 0) == (name == "speed-tiny-stock-fp16"), name
+        shares = profile["host_operator_shares"]
+        parts = ("matrix_products", "attention_kernels", "python_between_operators",
+                 "other_operators")
+        assert sum(shares[part] for part in parts) == pytest.approx(1.0), name
+        assert shares["matrix_products"] > 0 and shares["python_between_operators"] > 0, name
+        assert (shares["attention_kernels"] > 0) == (fused_calls > 0), name
+        assert 0 < sum(shares["largest_other_operators"].values()) <= shares["other_operators"]
         assert "sync_debug" not in figures  # CUDA only
     assert runs["speed-tiny-ours-bf16"]["profile"]["attention_forward_order"] == []
     assert section["ratio_tiny_ours_bf16_over_stock_fp16"] == pytest.approx(

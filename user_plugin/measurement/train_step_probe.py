@@ -18,8 +18,9 @@ numbered calls of ``train_step`` (1 = the first):
     interval's seconds, target tokens and updates (the throughput of a steady state; the
     warm-up is not counted, nor anything after the last interval).
 ``--profile FIRST:COUNT``
-    ``torch.profiler`` over calls FIRST..: the operator tables (``--profile-table``) and, on a
-    GPU, the GPU-busy fraction, kernels and synchronisations per update, the top kernels and
+    ``torch.profiler`` over calls FIRST..: the operator tables (``--profile-table``), the
+    shares of the host's operator time (matrix products, attention kernels, the Python between
+    operators, the rest: :func:`host_operator_shares`) and, on a GPU, the GPU-busy fraction, kernels and synchronisations per update, the top kernels and
     the scaled-dot-product-attention backend of each attention call.
 ``--sync-debug CALL``
     call CALL under ``torch.cuda.set_sync_debug_mode("warn")``: every synchronising CUDA call
@@ -64,6 +65,9 @@ SDPA_BACKENDS = {
     "aten::_scaled_dot_product_flash_attention_for_cpu": "cpu_flash",
     "aten::_scaled_dot_product_attention_math": "math",
 }
+#: The host operators that are matrix products (each op's self time is the product itself).
+MATRIX_PRODUCTS = frozenset({"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm",
+                             "aten::baddbmm", "aten::_addmm_activation"})
 SYNC_RUNTIME_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
                       "cudaMemcpy", "cudaStreamWaitEvent")
 
@@ -363,6 +367,7 @@ def analyze_profile(events: Sequence[Any], first: int, count: int,
                          "ms_per_update": sum(times) / 1000 / count} for name, times in top],
         "attention_backends_per_update": {k: v / count for k, v in Counter(attention).items()},
         "attention_forward_order": forward,
+        "host_operator_shares": host_operator_shares(events),
     }
     if layers and forward:
         encoder, decoder = layers
@@ -372,6 +377,46 @@ def analyze_profile(events: Sequence[Any], first: int, count: int,
                 f"{label} {index}: {backend}" for index, (label, backend)
                 in enumerate(zip(labels, forward))]
     return result
+
+
+def host_operator_shares(events: Sequence[Any], top: int = 5) -> Dict[str, Any]:
+    """Where the host's operator time goes: fractions of the summed self time of the host's
+    events (so a nested operator counts once) in matrix products, attention kernels (every
+    scaled-dot-product operator, forward and backward), the Python between operators (the
+    self time of ``record_function`` ranges) and everything else, with the ``top`` largest
+    operators of everything else. On a CPU this is where the step's time goes; on a GPU, where
+    the host's goes."""
+    parts: Counter = Counter()
+    others: Counter = Counter()
+    for event in events:
+        kind = _kind(event)
+        if kind not in ("host", "annotation") or _on_device(event):
+            continue
+        spent = float(event.self_cpu_time_total)
+        if kind == "annotation":
+            parts["python_between_operators"] += spent
+        elif event.name in MATRIX_PRODUCTS:
+            parts["matrix_products"] += spent
+        elif "scaled_dot_product" in event.name:
+            parts["attention_kernels"] += spent
+        else:
+            parts["other_operators"] += spent
+            others[event.name] += spent
+    total = sum(parts.values()) or 1.0
+    shares: Dict[str, Any] = {name: parts[name] / total for name in (
+        "matrix_products", "attention_kernels", "python_between_operators", "other_operators")}
+    shares["largest_other_operators"] = {name: spent / total
+                                         for name, spent in others.most_common(top)}
+    return shares
+
+
+def shares_line(shares: Dict[str, Any]) -> str:
+    """:func:`host_operator_shares` as one line of percentages."""
+    parts = ", ".join(f"{name.replace('_', ' ')} {100 * shares[name]:.1f} %" for name in (
+        "matrix_products", "attention_kernels", "python_between_operators", "other_operators"))
+    largest = ", ".join(f"{name} {100 * share:.1f} %"
+                        for name, share in shares["largest_other_operators"].items())
+    return f"{parts} (largest other operators: {largest})"
 
 
 def _on_device(event: Any) -> bool:
