@@ -262,6 +262,132 @@ def test_opening_a_package_reads_and_checks_each_checkpoint_once(trained, monkey
                         counting("crc", checkpoints.checkpoint_integrity_problem))
     monkeypatch.setattr(torch, "load", counting("torch.load", torch.load))
     translator = load_translator(trained.package)
-    assert counts == {"sha256": 1, "crc": 0, "torch.load": 1}
+    # the sha256 is the identity; the CRC-32s refuse weights changed under a rewritten manifest
+    assert counts == {"sha256": 1, "crc": 1, "torch.load": 1}
     assert translator.model_files.checkpoint_sha256()  # from the checked manifest
     assert counts["sha256"] == 1
+
+
+def rehash(package, *names) -> None:
+    """Record the files ``names`` of ``package`` in its manifest as they now are: a manifest
+    rewritten to match edited files, which the sha256 check alone cannot refuse."""
+    import hashlib
+
+    path = package / MANIFEST
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    for name in names:
+        data = (package / name).read_bytes()
+        manifest["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    path.write_text(json.dumps(manifest), encoding="utf-8")
+
+
+def edit_manifest(package, edit) -> None:
+    path = package / MANIFEST
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    edit(manifest)
+    path.write_text(json.dumps(manifest), encoding="utf-8")
+
+
+def flip_a_weight_byte(checkpoint) -> None:
+    """Change one byte inside the largest tensor record of a ``torch.save`` zip: torch still
+    loads it (it reads no CRC), with one weight changed."""
+    import struct
+    import zipfile
+
+    with zipfile.ZipFile(checkpoint) as archive:
+        record = max(archive.infolist(), key=lambda info: info.file_size)
+    with open(checkpoint, "r+b") as handle:
+        handle.seek(record.header_offset + 26)
+        name_length, extra_length = struct.unpack("<HH", handle.read(4))
+        at = record.header_offset + 30 + name_length + extra_length + record.file_size // 2
+        handle.seek(at)
+        byte = handle.read(1)
+        handle.seek(at)
+        handle.write(bytes([byte[0] ^ 0x40]))
+
+
+def set_pair(record_or_manifest) -> None:
+    record_or_manifest["source_lang"], record_or_manifest["target_lang"] = "de", "en"
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("the pair in the manifest",
+     "says de->en, but the text_pipeline.json beside it is for en->de: the manifest was edited"),
+    ("the pair in the manifest and the pipeline record",
+     "says de->en, but model.pt was packaged for en->de: the manifest was edited"),
+    ("the architecture", "its architecture differs from model.pt's in encoder_layers"),
+    ("one model listed twice", "corrupt manifest ('models' of a package of 2 model(s) are "
+                               "model1.pt, model2.pt, not model.pt, model.pt)"),
+    ("a size written as text", "corrupt manifest (entry 'model.pt')"),
+    ("the files as a list", "corrupt manifest ('files' must map each file"),
+    ("a weight changed and the manifest rewritten", "fails its CRC-32 check"),
+    ("a dictionary reordered and the manifest rewritten", "the de dictionary differs"),
+])
+def test_a_manifest_that_disagrees_with_its_files_is_refused_by_check_and_every_reader(
+        trained, tmp_path, case, expected):
+    """Every such package would otherwise pass its sha256 checks and decode wrongly: an edited
+    pair with the other language's rules, a changed weight silently."""
+    package = tmp_path / "edited ü"
+    shutil.copytree(trained.package, package)
+    if case == "the pair in the manifest":
+        edit_manifest(package, set_pair)
+    elif case == "the pair in the manifest and the pipeline record":
+        record = package / "text_pipeline.json"
+        edited = json.loads(record.read_text(encoding="utf-8"))
+        set_pair(edited)
+        record.write_text(json.dumps(edited), encoding="utf-8")
+        rehash(package, "text_pipeline.json")
+        edit_manifest(package, set_pair)
+    elif case == "the architecture":
+        edit_manifest(package, lambda m: m["architecture"].update(
+            encoder_layers=m["architecture"]["encoder_layers"] + 1))
+    elif case == "one model listed twice":
+        edit_manifest(package, lambda m: m.update(models=["model.pt", "model.pt"]))
+    elif case == "a size written as text":
+        edit_manifest(package, lambda m: m["files"]["model.pt"].update(
+            bytes=str(m["files"]["model.pt"]["bytes"])))
+    elif case == "the files as a list":
+        edit_manifest(package, lambda m: m.update(files=list(m["files"])))
+    elif case == "a weight changed and the manifest rewritten":
+        flip_a_weight_byte(package / "model.pt")
+        rehash(package, "model.pt")
+    else:
+        path = package / "dict.de.txt"
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+        path.write_text("".join(lines[1::-1] + lines[2:]), encoding="utf-8")
+        rehash(package, "dict.de.txt")
+    line = one_line_error(run("package", "--check", package), "vaswani-package")
+    assert expected in line
+    with pytest.raises(ArtifactError) as refused:
+        load_translator(package)
+    assert expected in str(refused.value)
+
+
+def test_codes_of_fewer_or_more_merges_of_the_same_text_are_refused(trained, tmp_path):
+    """Codes learnt on the same text with other merge counts share most merges with the
+    model's, so half of their merges' subwords are in its dictionary: fewer merges leave the
+    model's subwords unmade, more make subwords it never saw."""
+    from subword_nmt.learn_bpe import learn_bpe
+
+    prepared = trained.root / "work" / "prepared"
+    text = tmp_path / "tokenized.txt"
+    with open(text, "w", encoding="utf-8") as out:
+        for lang in ("en", "de"):
+            for line in (prepared / f"train.{lang}").read_text(encoding="utf-8").splitlines():
+                out.write(line.replace("@@ ", "") + "\n")
+    for merges, expected in ((150, "are made by none of its merges"),
+                             (900, "subwords its merges make are in the dictionaries")):
+        folder = tmp_path / f"codes of {merges} merges"
+        folder.mkdir()
+        shutil.copyfile(trained.checkpoint, folder / "checkpoint_last.pt")
+        with open(text, encoding="utf-8") as infile, \
+                open(folder / "bpecodes", "w", encoding="utf-8") as outfile:
+            learn_bpe(infile, outfile, merges)
+        line = one_line_error(translate(folder, "--data-dir", trained.data_bin),
+                              "vaswani-translate")
+        assert expected in line and "not the codes of this model" in line, line
+    same = tmp_path / "the same codes"
+    same.mkdir()
+    shutil.copyfile(trained.checkpoint, same / "checkpoint_last.pt")
+    shutil.copyfile(trained.package / "bpecodes", same / "bpecodes")
+    assert translate(same, "--data-dir", trained.data_bin).returncode == 0

@@ -82,7 +82,9 @@ def check_files(directory: Path, manifest: dict, manifest_name: str = MANIFEST,
     mixed = f"the directory is corrupt or mixed with another {what}"
     for name, record in recorded.items():
         path = directory / name
-        if not isinstance(record, dict) or Path(name).name != name or is_hidden(name):
+        if (not isinstance(record, dict) or Path(name).name != name or is_hidden(name)
+                or type(record.get("bytes")) is not int
+                or not isinstance(record.get("sha256"), str)):
             raise ArtifactError(f"{directory / manifest_name}: corrupt manifest (entry {name!r})")
         if not path.is_file():
             raise ArtifactError(f"{path}: missing from the {what} (listed in {manifest_name})")
@@ -102,7 +104,13 @@ def check_files(directory: Path, manifest: dict, manifest_name: str = MANIFEST,
 
 def check_export(directory: str | os.PathLike, format_name: str, kind: str,
                  required: Sequence[str] = ()) -> dict:
-    """:func:`read_manifest`, then :func:`check_files`; returns the manifest."""
+    """:func:`read_manifest`, then :func:`check_files`, then the text pipeline record against
+    the manifest (:func:`~.text_pipeline.record_mismatch`); returns the manifest."""
+    from .text_pipeline import record_mismatch
+
     manifest = read_manifest(directory, format_name, kind, required)
     check_files(Path(directory), manifest)
+    problem = record_mismatch(Path(directory), manifest, Path(directory) / MANIFEST)
+    if problem is not None:
+        raise ArtifactError(problem)
     return manifest

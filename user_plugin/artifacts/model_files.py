@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .errors import ArtifactError
+from .errors import ArtifactError, read_json
 from .text_pipeline import RECORD_NAME, TextPipeline, find_record
 
 logger = logging.getLogger(__name__)
@@ -74,6 +74,21 @@ class ModelFiles:
         if self.manifest is not None:
             return [self.manifest["files"][path.name]["sha256"] for path in self.checkpoints]
         return [sha256_of(path) for path in self.checkpoints]
+
+    def read_states(self) -> list[dict]:
+        """Each checkpoint's state, read and verified (every record's CRC-32); a package's also
+        checked against its manifest (:func:`.package.package_state_problem`): one-line
+        :class:`ArtifactError` naming the file."""
+        from .checkpoints import read_model_checkpoint
+
+        states = [read_model_checkpoint(path) for path in self.checkpoints]
+        if self.manifest is not None:
+            from .package import package_state_problem
+
+            problem = package_state_problem(self.data_dir, self.manifest, states)
+            if problem is not None:
+                raise ArtifactError(problem)
+        return states
 
     def language_pair(self, state: Mapping | None, source_lang: str | None = None,
                       target_lang: str | None = None) -> tuple[str, str]:
@@ -150,6 +165,27 @@ def _package_files(path: Path, **given: object) -> ModelFiles:
                       manifest=manifest)
 
 
+def _export_kind(folder: Path) -> str | None:
+    """What an export directory of ours is and how it is opened, from its manifest's format;
+    None for any other folder."""
+    from . import ctranslate2_layout, transformers_layout
+    from .manifest import MANIFEST
+
+    if not (folder / MANIFEST).is_file():
+        return None
+    try:
+        found = read_json(folder / MANIFEST, "manifest").get("format")
+    except (ArtifactError, AttributeError):
+        return None
+    if found == ctranslate2_layout.FORMAT:
+        return ("a CTranslate2 export: translate it with --backend ctranslate2 (the hub's "
+                "backend=\"ctranslate2\")")
+    if found == transformers_layout.FORMAT:
+        return ("a Hugging Face transformers export: load it with transformers "
+                "(docs/export.md), or translate the model package it came from")
+    return None
+
+
 def folder_checkpoints(folder: Path) -> list[Path]:
     """The checkpoint files directly in ``folder``, by name."""
     return sorted(path for path in folder.iterdir()
@@ -184,6 +220,9 @@ def open_model(
         if checkpoints is None:
             paths = folder_checkpoints(folder)
             if not paths:
+                export = _export_kind(model)
+                if export is not None:
+                    raise ArtifactError(f"{model} is {export}")
                 raise ArtifactError(f"{model}: no checkpoint (*{CHECKPOINT_SUFFIX}) and no "
                                     f"model package manifest in it; give {WHAT_TO_GIVE}")
             if len(paths) > 1:

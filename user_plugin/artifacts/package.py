@@ -25,12 +25,13 @@ part of a package.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from .errors import ArtifactError, read_json
 from .manifest import check_files, manifest_name
+from .text_pipeline import record_mismatch
 
 #: The format name every package's manifest carries.
 FORMAT = "vaswani-model/1"
@@ -73,12 +74,85 @@ def read_package(directory: str | os.PathLike) -> dict:
     missing = [key for key in REQUIRED if key not in manifest]
     if missing:
         raise ArtifactError(f"{path}: corrupt manifest (no {missing[0]!r})")
+    if not isinstance(manifest["files"], dict) or not manifest["files"]:
+        raise ArtifactError(f"{path}: corrupt manifest ('files' must map each file of the "
+                            "package to its size and sha256)")
+    for key in ("source_lang", "target_lang"):
+        if not isinstance(manifest[key], str) or not manifest[key]:
+            raise ArtifactError(f"{path}: corrupt manifest ({key!r} must name a language)")
     models = manifest["models"]
     if (not isinstance(models, list) or not models
             or not all(isinstance(name, str) and name in manifest["files"] for name in models)):
         raise ArtifactError(f"{path}: corrupt manifest ('models' must list files of the package)")
+    if models != model_names(len(models)):
+        raise ArtifactError(f"{path}: corrupt manifest ('models' of a package of "
+                            f"{len(models)} model(s) are {', '.join(model_names(len(models)))}, "
+                            f"not {', '.join(models)})")
     check_files(directory, manifest, MANIFEST, what="model package")
+    problem = record_mismatch(directory, manifest, path)
+    if problem is not None:
+        raise ArtifactError(problem)
     return manifest
+
+
+def package_state_problem(directory: str | os.PathLike, manifest: Mapping[str, Any],
+                          states: Sequence[Mapping]) -> str | None:
+    """What the package ``directory``'s checkpoints (read into ``states``) say otherwise than
+    its manifest, or None: each model's language pair (its task's), architecture and training
+    fingerprint, and the dictionaries' token order. The writer takes all of them from the
+    models, so a difference means an edited manifest or files replaced with a manifest
+    rewritten to match; one line naming both values."""
+    import json
+
+    from .fingerprint import (
+        architecture,
+        architecture_name,
+        dictionary_mismatch,
+        fingerprint,
+        model_config,
+        stored_fingerprint,
+    )
+
+    def plain(value: Any) -> Any:  # as the manifest holds it (JSON)
+        return json.loads(json.dumps(value, default=str))
+
+    directory = Path(directory)
+    where = directory / MANIFEST
+    pair = (manifest["source_lang"], manifest["target_lang"])
+    for name, state in zip(manifest["models"], states):
+        task = state["cfg"].get("task") if hasattr(state["cfg"], "get") else None
+        held = (task.get("source_lang"), task.get("target_lang")) if task is not None else pair
+        if held != pair:
+            return (f"{where}: says {pair[0]}->{pair[1]}, but {name} was packaged for "
+                    f"{held[0]}->{held[1]}: the manifest was edited")
+        config = model_config(state)
+        found = plain({"arch": architecture_name(config), **architecture(config)})
+        recorded = manifest.get("architecture")
+        if recorded is not None and plain(recorded) != found:
+            names = sorted(key for key in found.keys() | plain(recorded).keys()
+                           if found.get(key) != plain(recorded).get(key))
+            return (f"{where}: its architecture differs from {name}'s in "
+                    f"{', '.join(names[:4])} (manifest "
+                    f"{', '.join(str(plain(recorded).get(k)) for k in names[:4])}; {name} "
+                    f"{', '.join(str(found.get(k)) for k in names[:4])}): the manifest was "
+                    "edited")
+        stored = stored_fingerprint(state)
+        if "training_fingerprint" in manifest and \
+                plain(manifest["training_fingerprint"]) != plain(stored):
+            return (f"{where}: its training fingerprint is not {name}'s: the manifest was "
+                    "edited or the model replaced")
+    stored = stored_fingerprint(states[0])
+    if stored is not None and all(key in stored for key in ("source_dictionary",
+                                                            "target_dictionary")):
+        from fairseq.data import Dictionary
+
+        symbols = [Dictionary.load(str(directory / f"dict.{lang}.txt")).symbols for lang in pair]
+        mismatch = dictionary_mismatch(fingerprint(*pair, *symbols), stored,
+                                       f"the dictionaries of {directory}",
+                                       manifest["models"][0])
+        if mismatch is not None:
+            return f"{where}: {mismatch}"
+    return None
 
 
 def describe(manifest: Mapping[str, Any]) -> str:

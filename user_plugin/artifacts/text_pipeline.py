@@ -40,7 +40,7 @@ import json
 import os
 import shutil
 import unicodedata
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -387,4 +387,27 @@ def find_record(*directories: str | os.PathLike | None) -> Path | None:
     for directory in directories:
         if directory is not None and (Path(directory) / RECORD_NAME).is_file():
             return Path(directory) / RECORD_NAME
+    return None
+
+
+def record_mismatch(directory: Path, manifest: Mapping[str, Any],
+                    manifest_path: Path) -> str | None:
+    """How the text pipeline record of a directory written whole (a model package, an export)
+    disagrees with its manifest (``manifest_path``), or None: its language pair, and its
+    subword method where the manifest names one. Both are written from the same model, so a
+    difference is an edited manifest. Nothing to compare without a record among the files the
+    manifest lists, or without a language pair in the manifest."""
+    pair = (manifest.get("source_lang"), manifest.get("target_lang"))
+    files = manifest.get("files")
+    if None in pair or not isinstance(files, Mapping) or RECORD_NAME not in files:
+        return None
+    pipeline = TextPipeline.load(directory)
+    recorded = (pipeline.source_lang, pipeline.target_lang)
+    if recorded != pair:
+        return (f"{manifest_path}: says {pair[0]}->{pair[1]}, but the {RECORD_NAME} beside it "
+                f"is for {recorded[0]}->{recorded[1]}: the manifest was edited")
+    subword = manifest.get("subword", pipeline.subword)
+    if subword != pipeline.subword:
+        return (f"{manifest_path}: says subword {subword!r}, but the {RECORD_NAME} beside it "
+                f"says {pipeline.subword!r}: the manifest was edited")
     return None

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import sys
 from collections.abc import Sequence
 
@@ -71,7 +72,8 @@ def export(args: argparse.Namespace) -> str:
         path = export_fairseq_checkpoint(args.checkpoint, args.data_dir, args.output,
                                          args.source_lang, args.target_lang)
         return (f"wrote {path}: fairseq's transformer (decode with fairseq-generate "
-                f"{args.data_dir} --path {path}, no --user-dir)")
+                f"{shlex.quote(str(args.data_dir))} --path {shlex.quote(str(path))}, no "
+                "--user-dir)")
     if args.to == "transformers":
         from ..export.transformers_model import export_transformers
 
@@ -120,7 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     refuse_input_clash(args.output, [args.model, *files.checkpoints, files.data_dir,
                                      *files.inputs()])
     args.checkpoint, args.data_dir = files.checkpoints[0], files.data_dir
-    if files.manifest is not None:  # a package says its languages
+    if files.manifest is not None:  # a package says its languages, checked against its model
+        files.read_states()
         args.source_lang, args.target_lang = files.language_pair(None, args.source_lang,
                                                                  args.target_lang)
     print(f"exporting {args.model} to {args.to} ({args.output})", file=sys.stderr)

@@ -65,7 +65,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.check is not None:
         if args.checkpoints or args.output is not None:
             parser.error("--check takes a package alone")
-        print(f"{args.check}: intact model package ({describe(read_package(args.check))})")
+        from ..artifacts.model_files import open_model
+
+        manifest = read_package(args.check)
+        open_model(args.check).read_states()  # CRC-32s, and the models against the manifest
+        print(f"{args.check}: intact model package ({describe(manifest)})")
         return 0
     if not args.checkpoints or args.output is None:
         parser.error("give the CHECKPOINT(s) and --output (or --check PACKAGE)")

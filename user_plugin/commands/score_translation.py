@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import shlex
 import sys
@@ -289,6 +290,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     compound_split = not args.no_compound_split
     if args.output_json is not None:
         refuse_input_clash(args.output_json, [args.hyp, args.ref])
+        if os.path.isdir(args.output_json):
+            raise UserError(f"{args.output_json}: is a directory; --output-json names the "
+                            "report's file (nothing was scored)")
     tokenized, sacre, report = score_files(args.hyp, args.ref, args.target_lang, compound_split)
     how = "with" if compound_split else "without"
     print(f"scored {report['num_sentences']} sentences of {args.hyp} against {args.ref}")

@@ -67,14 +67,28 @@ def dictionary_symbols(path: str | os.PathLike) -> list[str]:
     return symbols
 
 
+#: Of the subwords a codes file's merges make, the share its own run's dictionaries hold at
+#: least (97-98 % measured on the recipes' data; codes with more merges than the dictionaries'
+#: run, learnt on the same text, make about 60 %).
+MERGES_IN_DICTIONARY = 0.8
+#: Of the dictionaries' subwords of two or more characters, the share that the codes' merges
+#: must make (all of them for the codes of their run; about 60 % for codes with fewer merges,
+#: under 40 % for codes learnt on other text).
+DICTIONARY_MADE_BY_MERGES = 0.95
+
+
 def bpe_codes_problem(codes: str | os.PathLike,
                       dictionaries: Sequence[str | os.PathLike]) -> str | None:
     """What makes the subword-nmt codes file ``codes`` unusable with the dictionary files
-    ``dictionaries``, or None: no merges, a line that is not a merge, or merges whose subwords
-    the dictionaries mostly lack (codes learnt on other text: every sentence would become
-    unknown words). A merge ``a b`` makes ``ab@@`` inside a word and ``ab`` at its end
-    (``b`` ending in ``</w>``); fairseq-preprocess keeps in its dictionary most of those the
-    training text used, so codes of the same data find at least half of them."""
+    ``dictionaries``, or None: no merges, a line that is not a merge, or codes of another run,
+    seen from both sides.
+
+    A merge ``a b`` makes ``ab@@`` inside a word and ``ab`` at its end (``b`` ending in
+    ``</w>``). The dictionaries of the codes' own run hold most of the subwords the merges
+    make (:data:`MERGES_IN_DICTIONARY`: fewer means codes of more merges or of other text,
+    which split words into subwords the model never saw), and each of their subwords of two
+    or more characters is made by a merge (:data:`DICTIONARY_MADE_BY_MERGES`: fewer means
+    codes of fewer merges or of other text, which leave the model's subwords unmade)."""
     codes = Path(codes)
     try:
         lines = codes.read_text(encoding="utf-8").split("\n")
@@ -93,11 +107,30 @@ def bpe_codes_problem(codes: str | os.PathLike,
     known: set[str] = set()
     for path in dictionaries:
         known.update(dictionary_symbols(path))
-    made = [left + right[:-4] if right.endswith("</w>") else f"{left}{right}@@"
-            for left, right in merges]
-    found = sum(token in known for token in made)
-    if found * 2 < len(made):
+    named = ", ".join(str(p) for p in dictionaries)
+    made = {left + right[:-4] if right.endswith("</w>") else f"{left}{right}@@"
+            for left, right in merges}
+    found = len(made & known)
+    if found < MERGES_IN_DICTIONARY * len(made):
         return (f"{codes}: only {found} of the {len(made)} subwords its merges make are in the "
-                f"dictionaries ({', '.join(str(p) for p in dictionaries)}): codes learnt on "
-                "other text?")
+                f"dictionaries ({named}): codes of more merges, or learnt on other text?")
+    subwords = [token for token in known if len(_subword_core(token)) > 1
+                and not _special(token)]
+    unmade = sorted(token for token in subwords if token not in made)
+    if len(unmade) > (1 - DICTIONARY_MADE_BY_MERGES) * len(subwords):
+        examples = ", ".join(repr(token) for token in unmade[:3])
+        return (f"{codes}: {len(unmade)} of the {len(subwords)} subwords of the dictionaries "
+                f"({named}) are made by none of its merges (such as {examples}): codes of "
+                "fewer merges, or learnt on other text?")
     return None
+
+
+def _subword_core(token: str) -> str:
+    """A BPE token without its continuation mark ``@@``."""
+    return token[:-2] if token.endswith("@@") else token
+
+
+def _special(token: str) -> bool:
+    """fairseq's special symbols (``<unk>``...) and the filler types it pads a dictionary
+    with (``madeupword0000``...), which no merge makes."""
+    return (token.startswith("<") and token.endswith(">")) or token.startswith("madeupword")

@@ -242,6 +242,14 @@ def check_decoding_options(args, datasets: Iterable = (), max_positions: int | N
         raise DecodingOptionError(
             f"--nbest: must be between 1 and --beam {beam} (the hypotheses a search keeps), "
             f"got {nbest}")
+    if not _get(args, "sampling"):
+        # fairseq's generator asserts these: only sampling draws from the top k or top p
+        for name, off in (("sampling_topk", 0), ("sampling_topp", 0.0)):
+            if values.get(name, -1) >= off:
+                option = "--" + name.replace("_", "-")
+                raise DecodingOptionError(
+                    f"{option}: only applies with --sampling (it limits the tokens a sample "
+                    f"is drawn from), got {values[name]} without it")
     groups = values.get("diverse_beam_groups", -1)
     if groups > 0 and beam % groups:
         raise DecodingOptionError(

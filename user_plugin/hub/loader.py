@@ -12,7 +12,7 @@ import logging
 import os
 from collections.abc import Sequence
 
-from ..artifacts.checkpoints import build_models, read_model_checkpoint, setup_task
+from ..artifacts.checkpoints import build_models, setup_task
 from ..artifacts.errors import ArtifactError
 from ..artifacts.fingerprint import ensemble_mismatch, stored_fingerprint
 from ..artifacts.model_files import open_model
@@ -79,8 +79,7 @@ def load_translator(
     if backend != "fairseq":
         raise ArtifactError(f"backend must be 'fairseq' or 'ctranslate2', got {backend!r}")
     files = open_model(model_dir, checkpoints, data_dir, bpe_codes, sentencepiece_model)
-    states = [read_model_checkpoint(path, verify=files.manifest is None)
-              for path in files.checkpoints]
+    states = files.read_states()
     mismatch = ensemble_mismatch([(path, stored_fingerprint(state))
                                   for path, state in zip(files.checkpoints, states)])
     if mismatch is not None:

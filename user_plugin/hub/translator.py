@@ -128,7 +128,13 @@ class TextTranslator:
         ``sampling``, ``sampling_topk``, ``sampling_topp``, ``temperature``, ``seed``).
         """
         single = isinstance(sentences, str)
+        if isinstance(sentences, (bytes, bytearray)):
+            raise InvalidValue("sentences must be text (str), got bytes: decode them first")
         lines = [sentences] if single else list(sentences)
+        for number, line in enumerate(lines, start=1):
+            if not isinstance(line, str):
+                raise InvalidValue(f"sentence {number} is of type {type(line).__name__}, not str: "
+                                   "give a str, or a list of str for several sentences")
         if constraints is not None:
             constraints = checked_constraints(constraints, single, len(lines))
         encoded = [self.codec.encode(line) for line in lines]
@@ -170,6 +176,9 @@ def sentence_lenpens(lenpen: Any, count: int) -> list[float] | None:
     None); an :class:`InvalidValue` when the count is not ``count``."""
     if lenpen is None or isinstance(lenpen, (int, float)):
         return None
+    if isinstance(lenpen, (str, bytes)):
+        raise InvalidValue(f"lenpen= must be a number, or a list of one per sentence, got the "
+                           f"{type(lenpen).__name__} {lenpen!r}")
     alphas = list(lenpen)
     if len(alphas) != count:
         raise InvalidValue(f"lenpen= needs one alpha, or one per sentence ({count}), got "

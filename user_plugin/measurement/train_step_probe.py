@@ -20,8 +20,9 @@ numbered calls of ``train_step`` (1 = the first):
 ``--profile FIRST:COUNT``
     ``torch.profiler`` over calls FIRST..: the operator tables (``--profile-table``), the
     shares of the host's operator time (matrix products, attention kernels, the Python between
-    operators, the rest: :func:`host_operator_shares`) and, on a GPU, the GPU-busy fraction, kernels and synchronisations per update, the top kernels and
-    the scaled-dot-product-attention backend of each attention call.
+    operators, the rest: :func:`host_operator_shares`) and, on a GPU, the GPU-busy fraction,
+    kernels and synchronisations per update, the top kernels and the
+    scaled-dot-product-attention backend of each attention call.
 ``--sync-debug CALL``
     call CALL under ``torch.cuda.set_sync_debug_mode("warn")``: every synchronising CUDA call
     recorded with the Python line that made it and whether it was in the forward-backward.
