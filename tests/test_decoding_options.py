@@ -630,6 +630,10 @@ def test_constraints_are_met_by_the_per_sentence_limit():
     (dict(beam=4, nbest=5), "--nbest: must be between 1 and --beam 4"),
     (dict(beam=4, temperature=0.0), r"--temperature: must be a number from 0.01 to 100"),
     (dict(beam=4, diverse_beam_groups=3), "--diverse-beam-groups: 3 must divide --beam 4"),
+    (dict(beam=4, sampling=False, sampling_topk=5),
+     "--sampling-topk: only applies with --sampling"),
+    (dict(beam=4, sampling=False, sampling_topp=0.5),
+     "--sampling-topp: only applies with --sampling"),
 ])
 def test_task_refuses_options_that_cannot_apply(options, message):
     from argparse import Namespace
@@ -734,6 +738,20 @@ def test_hub_constraints_are_checked_by_type(hub_translator):
     with pytest.raises(ValueError, match=r"one list of phrases \(strings\) per sentence \(2\)"):
         hub_translator.translate(["A dog .", "A cat ."], constraints=["Hund", "Katze"])
     assert "Hund" in hub_translator.translate("A dog runs .", constraints=("Hund",))
+
+
+@pytest.mark.parametrize("sentences, keywords, message", [
+    (b"A dog runs .", {}, "sentences must be text \\(str\\), got bytes"),
+    (["A dog .", 3], {}, "sentence 2 is of type int, not str"),
+    ("A dog runs .", {"lenpen": "0.6"}, "lenpen= must be a number, or a list of one per "
+                                        "sentence, got the str '0.6'"),
+])
+def test_hub_sentences_and_lenpen_are_checked_by_type(hub_translator, sentences, keywords,
+                                                      message):
+    """bytes reached the text pipeline's normalizer, and a lenpen string was taken as one alpha
+    per character."""
+    with pytest.raises(ValueError, match=message):
+        hub_translator.translate(sentences, **keywords)
 
 
 def test_hub_alignments_as_fairseq_generate(trained_multi30k, hub_translator):

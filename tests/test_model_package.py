@@ -391,3 +391,21 @@ def test_codes_of_fewer_or_more_merges_of_the_same_text_are_refused(trained, tmp
     shutil.copyfile(trained.checkpoint, same / "checkpoint_last.pt")
     shutil.copyfile(trained.package / "bpecodes", same / "bpecodes")
     assert translate(same, "--data-dir", trained.data_bin).returncode == 0
+
+
+def test_a_ctranslate2_export_is_named_and_its_manifest_checked_against_its_record(trained,
+                                                                                   tmp_path):
+    output = tmp_path / "ct2 ü"
+    exported = run("export", trained.package, "--to", "ctranslate2", "--output", output)
+    assert exported.returncode == 0, exported.stderr
+    line = one_line_error(translate(output), "vaswani-translate")
+    assert line.endswith(f"{output} is a CTranslate2 export: translate it with --backend "
+                         "ctranslate2 (the hub's backend=\"ctranslate2\")")
+    assert translate(output, "--backend", "ctranslate2").returncode == 0
+    path = output / "vaswani_export.json"
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    set_pair(manifest)
+    path.write_text(json.dumps(manifest), encoding="utf-8")
+    line = one_line_error(translate(output, "--backend", "ctranslate2"), "vaswani-translate")
+    assert line.endswith(f"{path}: says de->en, but the text_pipeline.json beside it is for "
+                         "en->de: the manifest was edited")

@@ -138,3 +138,17 @@ def test_missing_file_is_an_error(tmp_path, capsys):
     status = run_main(score.main, ["--hyp", str(tmp_path / "nope.de"), "--ref", str(ref),
                                    "--target-lang", "de"], score.PROG)
     assert status == 1 and "nope.de: no such file" in capsys.readouterr().err
+
+
+def test_an_output_json_that_is_a_directory_is_refused_before_scoring(tmp_path):
+    hyp = write(tmp_path / "hyp.de", HYPOTHESES)
+    ref = write(tmp_path / "ref.de", REFERENCES)
+    (tmp_path / "out").mkdir()
+    result = forked_cli.run(
+        [*command("score_translation"), "--hyp", str(hyp), "--ref", str(ref), "--target-lang",
+         "de", "--output-json", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 1 and result.stdout == ""  # nothing scored, nothing printed
+    assert result.stderr.strip().splitlines() == [
+        f"vaswani-score: error: {tmp_path / 'out'}: is a directory; --output-json names the "
+        "report's file (nothing was scored)"]
