@@ -213,6 +213,41 @@ def test_the_recipe_chain_runs_with_spaces_and_non_ascii_letters_and_a_rerun_ski
     assert {d: output_mtimes(d) for d in dirs} == before
 
 
+def test_a_step_is_the_bytes_it_wrote_and_a_bad_decoding_setting_loses_nothing(spaced_chain):
+    """A data step redone into the same bytes leaves the training finished (it was started over,
+    its checkpoints deleted); the score step reads its reference by content (an edited one kept
+    the old score); a beam out of range is refused before the generate step empties its
+    directory (its outputs were deleted, then the value refused)."""
+    from test_recipes import output_mtimes, run_script, step_script
+
+    root, env = spaced_chain
+    work = root / "wörk dir"
+    checkpoints, generated = work / "base" / "checkpoints", work / "base" / "generate"
+    trained, decoded = output_mtimes(checkpoints), output_mtimes(generated)
+    (work / "data-bin" / ".done").unlink()
+    redone = run_script(step_script("binarize"), env, "wmt14_en_de")
+    assert "binarizing" in redone.stderr
+    result = run_script(step_script("train"), env, "wmt14_en_de")
+    assert "starting over" not in result.stderr, result.stderr
+    assert output_mtimes(checkpoints) == trained
+
+    bad = run_script(step_script("generate"), {**env, "BEAM": "0"}, "wmt14_en_de", check=False)
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1].endswith(
+        "BEAM: must be an integer from 1 to 1000 (hypotheses kept per sentence), got 0")
+    assert output_mtimes(generated) == decoded
+
+    reference = work / "prepared" / "test.ref.de"
+    text = reference.read_text(encoding="utf-8")
+    try:
+        reference.write_text(text.replace("ein", "EIN", 1), encoding="utf-8")  # the same size
+        result = run_script(step_script("score"), env, "wmt14_en_de")
+        assert f"its input {reference} was redone or changed" in result.stderr
+    finally:
+        reference.write_text(text, encoding="utf-8")
+    result = run_script(step_script("score"), env, "wmt14_en_de")
+    assert "already done" not in result.stderr  # scored again against the restored reference
+
+
 def test_prepare_notices_an_edited_raw_file_by_its_content(spaced_chain):
     from test_recipes import run_script, step_script
 
@@ -300,6 +335,45 @@ def run_cli(tool: str, args: list) -> subprocess.CompletedProcess:
     return forked_cli.run([sys.executable, "-m", f"fairseq_cli.{tool}", *map(str, args)],
                           cwd=REPO, env=fairseq_env(), capture_output=True, text=True,
                           timeout=600, check=False)
+
+
+def test_data_binarized_with_larger_dictionaries_is_one_line(trained_multi30k, tmp_path):
+    """Dictionaries with fewer entries than the binarized files' ids ended training in the
+    embedding's IndexError."""
+    smaller = tmp_path / "smaller dictionaries"
+    shutil.copytree(trained_multi30k.data_bin, smaller)
+    for lang in ("en", "de"):
+        path = smaller / f"dict.{lang}.txt"
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+        path.write_text("".join(lines[:len(lines) // 2]), encoding="utf-8")
+    args = train_into(trained_multi30k, tmp_path / "checkpoints")
+    args[0] = str(smaller)
+    proc = run_cli("train", args)
+    line = error_line(proc.stderr)
+    assert proc.returncode == 1 and f"{smaller}: the valid split's source tokens go up to id" \
+        in line and "the files were binarized with other dictionaries" in line, line
+    assert not (tmp_path / "checkpoints").exists() or \
+        not list((tmp_path / "checkpoints").glob("*.pt"))
+
+
+def test_interactive_refuses_input_that_is_not_utf8_in_one_line(trained_multi30k, tmp_path):
+    """Standard input's bytes that are no UTF-8 became unknown words, translated without a
+    word said; a file given by --input ended in a traceback."""
+    from cli import fairseq_env
+
+    bad = b"Two dogs .\n\xff\xfe bad\n"
+    (tmp_path / "bad.txt").write_bytes(bad)
+    args = [sys.executable, "-m", "fairseq_cli.interactive", str(trained_multi30k.data_bin),
+            "--user-dir", "user_plugin", "--task", "vaswani_translation", "--cpu", "--path",
+            str(trained_multi30k.checkpoint_dir / "checkpoint_last.pt")]
+    for extra, stdin in (([], bad), (["--input", str(tmp_path / "bad.txt")], b"")):
+        proc = forked_cli.run([*args, *extra], cwd=REPO, env=fairseq_env(), input=stdin,
+                              capture_output=True, timeout=600, check=False)
+        stderr = proc.stderr.decode("utf-8", "replace")
+        assert proc.returncode == 1 and error_line(stderr).endswith(
+            "the input is not valid UTF-8 text (byte 0xff cannot start or continue a "
+            "character): give UTF-8 text"), stderr[-2000:]
+        assert b"H-" not in proc.stdout  # nothing translated
 
 
 def reordered_data_bin(data_bin: Path, destination: Path) -> Path:
@@ -390,6 +464,22 @@ def test_generate_refuses_mismatched_ensembles_and_dictionaries_and_notes_old_ch
     assert proc.returncode == 0, proc.stderr[-2000:]
     notes = [line for line in proc.stderr.splitlines() if "cannot be checked" in line]
     assert len(notes) == 1 and str(old) in notes[0]
+    # dictionaries of another size over the same data: one line, not the load's traceback
+    bigger = tmp_path / "bigger dictionaries"
+    shutil.copytree(trained_multi30k.data_bin, bigger)
+    for lang in ("en", "de"):
+        with open(bigger / f"dict.{lang}.txt", "a", encoding="utf-8") as handle:
+            handle.write("".join(f"extraword{i} 1\n" for i in range(8)))
+    proc = run_cli("generate", [bigger, "--path", last, *common])
+    rows = state["model"]["encoder.embed_tokens.weight"].shape[0]
+    assert proc.returncode == 1 and error_line(proc.stderr).endswith(
+        f"cannot use {last} with the dictionaries of {bigger}: its source embedding has {rows} "
+        f"rows, the source dictionary {rows + 8} entries: another vocabulary")
+    # the other direction decodes (fairseq's commands do what the task names), with a warning
+    proc = run_cli("generate", [trained_multi30k.data_bin, "--path", last, "-s", "de", "-t",
+                                "en", *common])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"{last} was trained en->de; this run's task is de->en" in proc.stderr
 
 
 # --------------------------------------------------------------------------------------------
@@ -423,6 +513,14 @@ def test_resuming_with_another_layout_is_one_line_and_changes_nothing(trained_mu
     assert proc.returncode == 1 and proc.stderr.count("Traceback") == 0
     assert (f"cannot resume: {save_dir / 'checkpoint_last.pt'} was trained with no "
             "--encoder-normalize-before but this run with --encoder-normalize-before") in line
+    assert {k: v for k, v in snapshot(save_dir).items() if "lock" not in k} == \
+        {k: v for k, v in before.items() if "lock" not in k}
+    # fairseq's own transformer, whose configuration is an argparse namespace, the same sizes
+    args = train_into(trained_multi30k, save_dir)
+    args[args.index("--arch") + 1] = "transformer"
+    proc = run_cli("train", args)
+    assert proc.returncode == 1 and proc.stderr.count("Traceback") == 0, proc.stderr[-3000:]
+    assert str(save_dir / "checkpoint_last.pt") in error_line(proc.stderr)
     assert {k: v for k, v in snapshot(save_dir).items() if "lock" not in k} == \
         {k: v for k, v in before.items() if "lock" not in k}
 
@@ -626,3 +724,13 @@ def test_hub_and_export_refuse_checkpoints_of_other_training_data(trained_multi3
     line = error_line(proc.stderr)
     assert proc.returncode == 1 and "dictionary differs" in line and describe(state[KEY]) in line
     assert snapshot(tmp_path) == before
+
+
+def test_a_raw_dir_that_is_not_a_directory_is_named_as_given(tmp_path):
+    from test_recipes import recipe_env, run_script, step_script
+
+    missing = tmp_path / "no such raw dir ü"
+    result = run_script(step_script("prepare"), recipe_env(RAW_DIR=missing, WORK_DIR=tmp_path),
+                        "wmt14_en_de", check=False)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert f"RAW_DIR '{missing}' is not a directory" in result.stderr

@@ -31,10 +31,11 @@ def vaswani_step(*words, capsys) -> tuple[int, str, str]:
     return status, out, err
 
 
-def finished_step(directory: Path, config: str = "cfg", upstreams=(), outputs=("a.txt",)):
+def finished_step(directory: Path, config: str = "cfg", upstreams=(), outputs=("a.txt",),
+                  text: str | None = None):
     directory.mkdir(parents=True, exist_ok=True)
     for name in outputs:
-        (directory / name).write_text(f"{name}\n", encoding="utf-8")
+        (directory / name).write_text(text or f"{name}\n", encoding="utf-8")
     return steps.mark_done(directory, config, [str(u) for u in upstreams], outputs)
 
 
@@ -139,6 +140,20 @@ def test_content_id_is_the_shell_engines_and_ignores_where_the_directory_is(tmp_
     assert steps.content_id(tmp_path / "moved") != shell
 
 
+def test_a_step_redone_into_the_same_bytes_is_the_same_input(tmp_path):
+    data = tmp_path / "data-bin"
+    first = finished_step(data)
+    directory = training_dir(tmp_path / "run", "done", upstreams=[str(data)])
+    again = finished_step(data)  # binarized again: the same bytes, a new record
+    assert again.id == first.id and first.id.startswith("outputs-")
+    assert steps.begin_training(directory, CONFIG, [str(data)]).action == "done"
+    assert sorted(p.name for p in directory.iterdir()) == [
+        ".done", "checkpoint_1_3.pt", "checkpoint_last.pt"]
+    assert finished_step(data, text="other\n").id != first.id
+    assert steps.begin(tmp_path / "partial", CONFIG, []).id != \
+        steps.begin(tmp_path / "partial", CONFIG, []).id  # partial work: a new run each time
+
+
 def test_input_ids_of_a_step_a_file_and_a_missing_path(tmp_path):
     record = finished_step(tmp_path / "step")
     assert steps.input_id(tmp_path / "step") == record.id
@@ -167,7 +182,9 @@ def test_a_step_is_done_until_its_settings_outputs_or_inputs_change(tmp_path):
     assert steps.done_problem(down, CONFIG, [str(up)]) == f"output {down / 'b.txt'} is missing"
     (down / "b.txt").write_text("b.txt\n")
     assert steps.done_problem(down, CONFIG, [str(up)]) is None
-    finished_step(up)  # the upstream step redone: a new run id
+    finished_step(up)  # the upstream step redone into the same bytes: the same input
+    assert steps.done_problem(down, CONFIG, [str(up)]) is None
+    finished_step(up, text="other\n")  # redone into other bytes
     assert steps.done_problem(down, CONFIG, [str(up)]) == f"its input {up} was redone or changed"
     assert steps.done_problem(tmp_path / "none", CONFIG, []) == ""
 
@@ -187,7 +204,7 @@ def test_require_names_the_step_to_run_first_or_again(tmp_path):
     finished_step(prepared)
     finished_step(binarized, "cfg", [prepared])
     assert steps.require_problem(binarized, "binarize", [str(prepared)]) is None
-    finished_step(prepared)
+    finished_step(prepared, text="prepared again, into other text\n")
     assert steps.require_problem(binarized, "binarize", [str(prepared)]) == \
         f"run the binarize step again: its input {prepared} was redone or changed since it ran"
     assert steps.require_problem(binarized, "binarize") is None
@@ -321,7 +338,7 @@ def test_new_data_starts_an_interrupted_or_finished_run_over(tmp_path):
     finished_step(data)
     for record in ("started", "done"):
         directory = training_dir(tmp_path / record, record, upstreams=[str(data)])
-        finished_step(data)  # binarized again
+        finished_step(data, text=f"binarized again for the {record} run\n")
         plan = steps.begin_training(directory, CONFIG, [str(data)])
         assert plan.action == "start-over"
         assert f"its input {data} was redone or changed" in plan.notes[0]

@@ -205,6 +205,8 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answers(server, r
     (b'{"text": ["A dog runs."], "x": ' + b"[" * 100000 + b"]" * 100000 + b"}", 422,
      "body: JSON nested too deeply"),
     (b'{"text": ["' + b"a" * (1 << 20) + b'"]}', 413, "body: "),
+    (b'{"text": ["A dog runs."], "text": ["A cat."]}', 422,
+     "text: given twice in one object (each field once)"),
 ])
 def test_bad_requests_get_one_line_naming_the_field(server, body, status, says):
     answer = server.request("POST", "/translate", body)
@@ -248,6 +250,17 @@ def test_attention_rows_are_distributions(server):
                 assert sum(row) == pytest.approx(1.0, abs=1e-3)
     refused = server.request("POST", "/attention", {"text": "   "})
     assert refused.status == 422 and refused.json["error"].startswith("text: empty")
+    from user_plugin.modules.attention_maps import MAX_DRAWN_TOKENS
+
+    # every layer's and head's map of a long sentence would be tens of megabytes of JSON
+    long = " ".join(["dog"] * MAX_DRAWN_TOKENS)
+    refused = server.request("POST", "/attention", {"text": long})
+    assert refused.status == 422, refused.body
+    error = refused.json["error"]
+    tokens = int(error.split()[1])  # "dog" may be more than one subword
+    assert tokens > MAX_DRAWN_TOKENS and error == (
+        f"text: {tokens} model tokens (with EOS), more than the {MAX_DRAWN_TOKENS} whose "
+        "attention is drawn: give a shorter sentence (POST /translate takes it)")
 
 
 # -- limits that need a busy or slow decoder: a real model, in-process servers -------------------

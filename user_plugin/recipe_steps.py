@@ -7,8 +7,10 @@ A step writes its outputs into its own directory. Once all of them are there it 
 record ``<dir>/.done``; a step that keeps partial work (training) also writes ``<dir>/.started``
 before it starts. Both are text, one fact a line:
 
-* ``id <run id>``: this run of the step (time, process id and random digits), what later
-  steps record as its identity;
+* ``id <run id>``: this run of the step, what later steps record as its identity: in
+  ``.done``, a fingerprint of its outputs (:func:`outputs_id`: a step redone into the same
+  bytes is the same input for the steps after it); in ``.started``, or for a step that
+  lists no outputs, the time, process id and random digits;
 * ``config <sha256>``: the fingerprint of the settings text the step ran with, and
   ``settings <text>``: that text (line breaks escaped), so that a refusal can name what changed;
 * ``continues <run id>`` (``.started`` only): the finished run this work extends;
@@ -95,6 +97,18 @@ def new_run_id() -> str:
     return f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{secrets.randbelow(10**8):08d}"
 
 
+def outputs_id(directory: Path, outputs: Sequence[str]) -> str:
+    """The id of a finished run: a fingerprint of its outputs (each name, size and whole-file
+    sha256), so that a step redone into the same bytes keeps its identity and the steps
+    downstream of it stay finished, while any other output is a new input for them."""
+    listing = hashlib.sha256()
+    for name in outputs:
+        path = directory / name
+        listing.update(f"{name}\0{path.stat().st_size}\0{sha256_of(path)}\n".encode(
+            "utf-8", "surrogateescape"))
+    return "outputs-" + listing.hexdigest()[:32]
+
+
 def _escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n")
 
@@ -151,6 +165,8 @@ def write_record(directory: Path, kind: str, config: str, upstreams: Sequence[st
         if not path.is_file():
             raise UserError(f"step output {path} was not written")
         record.outputs.append((path.stat().st_size, name))
+    if kind == DONE and outputs:
+        record.id = outputs_id(directory, outputs)
     lines = [_HEADERS[kind], f"id {record.id}", f"config {record.config}",
              f"settings {_escape(config)}"]
     if continues:

@@ -47,6 +47,7 @@ read -r -a extra <<< "$GEN_ARGS"
 expected=$("$PREPARE_TEXT" check-lines "$PREP_DIR/test.$S" "$PREP_DIR/test.ref.$T") \
   || die "prepared test set and reference differ in length"
 
+ask decoding "beam=$BEAM" "lenpen=$LENPEN" || die "$ANSWER"  # before anything is emptied
 step_restart "$GEN_DIR"
 log "translating $expected test sentences with $CHECKPOINT (beam $BEAM, alpha $LENPEN, task $TASK)"
 run fairseq-generate "$BIN_DIR" "${DECODING_ARGS[@]}" \

@@ -32,7 +32,10 @@ start_pair_run "$@"
 
 RAW_DIR=${RAW_DIR:-}
 require_usable_path RAW_DIR
-[ -z "$RAW_DIR" ] || RAW_DIR=$(cd "$RAW_DIR" 2>/dev/null && pwd) || die "RAW_DIR '$RAW_DIR' is not a directory"
+if [ -n "$RAW_DIR" ]; then
+  given=$RAW_DIR
+  RAW_DIR=$(cd "$given" 2>/dev/null && pwd) || die "RAW_DIR '$given' is not a directory"
+fi
 DOWNLOAD_DIR=${DOWNLOAD_DIR:-$WORK_DIR/downloads}
 TRAIN_LINES=${TRAIN_LINES:-0}
 MIN_LEN=${MIN_LEN:-1}

@@ -16,7 +16,9 @@ SCORE_COMMAND=${SCORE_COMMAND:-vaswani-score}
 T=$TGT_LANG
 
 config="v1 $T"
-if step_is_done "$SCORE_DIR" "$config" "$GEN_DIR"; then
+# the reference is an input by its content: an edited reference is scored again
+inputs=("$GEN_DIR" "$PREP_DIR/test.ref.$T")
+if step_is_done "$SCORE_DIR" "$config" "${inputs[@]}"; then
   log "already done ($SCORE_DIR/.done); skipping"
   cat "$SCORE_DIR/bleu.txt"
   exit 0
@@ -33,4 +35,4 @@ run "$SCORE_COMMAND" --hyp "$GEN_DIR/hyp.detok.$T" --ref "$PREP_DIR/test.ref.$T"
 mv "$SCORE_DIR/bleu.txt.tmp" "$SCORE_DIR/bleu.txt"
 cat "$SCORE_DIR/bleu.txt"
 [ -s "$SCORE_DIR/bleu.json" ] || die "$SCORE_COMMAND wrote no $SCORE_DIR/bleu.json"
-step_mark_done "$SCORE_DIR" "$config" "$GEN_DIR" -- bleu.json bleu.txt
+step_mark_done "$SCORE_DIR" "$config" "${inputs[@]}" -- bleu.json bleu.txt

@@ -9,6 +9,7 @@ settings a resume changes.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 from pathlib import Path
@@ -145,17 +146,19 @@ def training_data_mismatch(state: dict, path: Path, task) -> str | None:
     return fingerprint_mismatch(expected, stored, f"the data of this run ({data})", str(path))
 
 
-def vocabulary_sizes_fit(state: dict, task) -> bool:
-    """Whether the embedding tables of a checkpoint's model have as many rows as the task's
-    dictionaries have entries (a mismatch is reported by the load, naming the shapes)."""
+def vocabulary_size_problem(state: dict, task) -> str | None:
+    """How the embedding tables of a checkpoint's model differ in rows from the task's
+    dictionaries' entries (another vocabulary: the load cannot fit the tables), or None."""
     model = state.get("model") or {}
-    for key, dictionary in (("encoder.embed_tokens.weight", task.source_dictionary),
-                            ("decoder.embed_tokens.weight", task.target_dictionary)):
+    for side, key, dictionary in (
+            ("source", "encoder.embed_tokens.weight", task.source_dictionary),
+            ("target", "decoder.embed_tokens.weight", task.target_dictionary)):
         table = model.get(key)
-        if table is not None and getattr(table, "shape", (len(dictionary),))[0] != \
-                len(dictionary):
-            return False
-    return True
+        rows = getattr(table, "shape", (len(dictionary),))[0] if table is not None else None
+        if rows is not None and rows != len(dictionary):
+            return (f"its {side} embedding has {rows} rows, the {side} dictionary "
+                    f"{len(dictionary)} entries: another vocabulary")
+    return None
 
 
 #: The sections of fairseq's configuration whose options a resume may change and announces
@@ -187,6 +190,12 @@ def _shown(value) -> str:
     return str(value)
 
 
+def _option(section, name: str):
+    """Option ``name`` of a configuration section: a dict or omegaconf config, or the
+    ``argparse.Namespace`` that fairseq's legacy models (``--arch transformer``) keep."""
+    return getattr(section, name) if isinstance(section, argparse.Namespace) else section[name]
+
+
 def settings_changes(state: dict, path: Path, cfg) -> list[str]:
     """One line per training setting (optimizer, learning-rate schedule, criterion, batch size,
     dropout...) whose value in the run's configuration ``cfg`` differs from the configuration
@@ -205,7 +214,7 @@ def settings_changes(state: dict, path: Path, cfg) -> list[str]:
         for name in names or sorted(stored):
             if (section, name) in _NOT_SETTINGS or name not in stored or name not in current:
                 continue
-            before, now = _plain(stored[name]), _plain(current[name])
+            before, now = _plain(stored[name]), _plain(_option(current, name))
             if before == now or (names is None and isinstance(now, dict)):
                 continue
             option = f"--{section.replace('_', '-')}" if name == "_name" else \

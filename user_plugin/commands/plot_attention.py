@@ -46,7 +46,11 @@ from user_plugin.files import (  # noqa: E402
     refuse_input_clash,
 )
 from user_plugin.files.errors import int_between  # noqa: E402
-from user_plugin.modules.attention_maps import KINDS, attention_maps  # noqa: E402
+from user_plugin.modules.attention_maps import (  # noqa: E402
+    KINDS,
+    MAX_DRAWN_TOKENS,
+    attention_maps,
+)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -91,9 +95,6 @@ def load(args: argparse.Namespace):
     )
 
 
-#: The longest sentence drawn, in model tokens (with EOS): a heatmap row per token stays
-#: readable, and the figure within :data:`MAX_PIXELS` at the default resolution.
-MAX_DRAWN_TOKENS = 200
 #: The largest figure side, in pixels, that matplotlib's PNG writer draws.
 MAX_PIXELS = 2**16 - 1
 MAX_DPI = 1200

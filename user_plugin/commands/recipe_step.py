@@ -50,6 +50,8 @@ the reason on stdout; 1: bad input.
   lock-path DIR                       the lock file of the step in DIR (its parent is created)
   hold DIR FD CALLER STEP             lock it, open in the calling shell as descriptor FD, for
                                       the recipe CALLER at its STEP (no: who holds it)
+  decoding NAME=VALUE...              are these decoding settings (fairseq's option names:
+                                      beam=4 lenpen=0.6) in their ranges? (no: which is not)
 """
 
 
@@ -167,11 +169,30 @@ def _apart(words: Sequence[str]) -> int:
     return _answer(steps.overlap_problem(_named(directories), _named(kept)))
 
 
+def _decoding(words: Sequence[str]) -> int:
+    """Are the decoding settings NAME=VALUE (fairseq's option names) in their ranges? Asked
+    before a decoding step empties its directory, so that a bad value loses nothing."""
+    import argparse
+
+    from user_plugin.generation.decoding_options import OPTIONS, option_type
+
+    for word in words:
+        name, equals, text = word.partition("=")
+        if not equals or name not in OPTIONS:
+            raise UserError(f"decoding: {word!r} is not NAME=VALUE of a decoding option "
+                            f"({', '.join(sorted(OPTIONS))})")
+        try:
+            option_type(name)(text)
+        except argparse.ArgumentTypeError as error:
+            return _answer(f"{name.upper()}: {error}")
+    return 0
+
+
 SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "status": _status, "require": _require, "restart": _restart, "begin": _begin,
     "can-continue": _can_continue, "begin-training": _begin_training, "done": _done,
     "id": _id, "apart": _apart, "keep-trained": _keep_trained, "lock-path": _lock_path,
-    "hold": _hold,
+    "hold": _hold, "decoding": _decoding,
 }
 
 

@@ -88,6 +88,12 @@ def one_line_cause(error: BaseException) -> str | None:
     """The one-line message for an error fairseq raised on bad input, or None when ``error``
     is not one of those (it then keeps its traceback)."""
     message = str(error)
+    if isinstance(error, UnicodeDecodeError) and error.encoding.replace("-", "").lower() == \
+            "utf8":
+        # fairseq-interactive reads its --input as UTF-8 (a file, or standard input made
+        # strict for our task's runs)
+        return (f"the input is not valid UTF-8 text (byte 0x{error.object[error.start]:02x} "
+                "cannot start or continue a character): give UTF-8 text")
     if isinstance(error, AssertionError):
         match = _MAX_TOKENS.search(message)
         if match:

@@ -79,6 +79,7 @@ from ..artifacts.fingerprint import (
     distinct_parameters,
     duplicate_note,
     ensemble_mismatch,
+    has_data,
     parameters_sha256,
     stored_fingerprint,
     task_fingerprint,
@@ -94,7 +95,7 @@ from ..artifacts.save_directory import (
     settings_changes,
     training_data_mismatch,
     verified_problem,
-    vocabulary_sizes_fit,
+    vocabulary_size_problem,
 )
 from ..files.checkpoint_names import (
     LAST,
@@ -350,6 +351,7 @@ def check_ensemble(filenames, task=None, state=None) -> list:
     ``filenames`` without the checkpoints holding the same parameters as an earlier one (a copy
     counts once; one note line names them)."""
     named = []
+    state_given = state
     for filename in filenames:
         found = state
         if found is None and Path(filename).is_file():
@@ -366,8 +368,21 @@ def check_ensemble(filenames, task=None, state=None) -> list:
     if expected is not None:
         data = getattr(task.cfg, "data", None) or "the task"
         for filename, found, state in named:
-            if found is None or not vocabulary_sizes_fit(state, task):
-                continue  # fairseq's load then names the parameter and both shapes
+            # fairseq's commands: a table of another size would end in the load's traceback,
+            # and the direction is whatever the task names; the hub (which passes the state it
+            # read) names the parameter and its shapes, and warned when it chose the pair
+            problem = vocabulary_size_problem(state, task) if state_given is None else None
+            if problem is not None:
+                raise UserError(f"cannot use {filename} with the dictionaries of {data}: "
+                                f"{problem}")
+            if found is None:
+                continue
+            if state_given is None and has_data(found) and \
+                    (found["source_lang"], found["target_lang"]) != \
+                    (expected["source_lang"], expected["target_lang"]):
+                logger.warning(f"{filename} was trained {found['source_lang']}->"
+                               f"{found['target_lang']}; this run's task is "
+                               f"{expected['source_lang']}->{expected['target_lang']}")
             mismatch = dictionary_mismatch(expected, found, f"the data of {data}", filename)
             if mismatch is not None:
                 raise UserError(f"cannot use {filename} with the dictionaries of {data}: "

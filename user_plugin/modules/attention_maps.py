@@ -14,6 +14,9 @@ from ..files.errors import UserError
 
 #: The three kinds of attention of the Transformer (§3.2.3).
 KINDS = ("encoder_self", "decoder_self", "encoder_decoder")
+#: The longest sentence whose maps are drawn or served, in model tokens (with EOS): a heatmap
+#: row per token stays readable, and one sentence's maps stay a few megabytes of JSON.
+MAX_DRAWN_TOKENS = 200
 
 
 def attention_maps(model, src_tokens, tgt_tokens, eos: int) -> dict:

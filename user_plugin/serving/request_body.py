@@ -107,18 +107,29 @@ def _no_constant(name: str) -> None:
     raise RequestError(422, f"body: not JSON ({name} is not a JSON value)")
 
 
+def _once_each(pairs: list) -> dict:
+    """A JSON object whose fields are each given once: Python's reader keeps the last of a
+    repeated field, so a body naming ``text`` twice would silently lose the first."""
+    body: dict = {}
+    for name, value in pairs:
+        if name in body:
+            raise RequestError(422, f"{name}: given twice in one object (each field once)")
+        body[name] = value
+    return body
+
+
 def parse_json(data: bytes) -> dict:
     """A request body as a JSON object; a :class:`RequestError` (422) naming what is wrong:
     bytes that are not UTF-8 (with the byte offset), text that is not JSON (with line and
     column), JSON nested deeper than Python's reader goes, an integer of more than
-    :data:`MAX_INTEGER_DIGITS` digits, or JSON that is not an object."""
+    :data:`MAX_INTEGER_DIGITS` digits, a field given twice, or JSON that is not an object."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise RequestError(422, f"body: not valid UTF-8 text (byte {error.start})") from None
     try:
         body = json.loads(text.removeprefix(BYTE_ORDER_MARK), parse_constant=_no_constant,
-                          parse_int=_bounded_integer)
+                          parse_int=_bounded_integer, object_pairs_hook=_once_each)
     except json.JSONDecodeError as error:
         raise RequestError(422, f"body: not JSON ({error.msg} at line {error.lineno}, "
                            f"column {error.colno})") from None

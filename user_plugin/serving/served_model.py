@@ -180,7 +180,7 @@ class ServedModel:
         with ``</s>``), ``target_tokens`` (the rows: each predicted token, ending with
         ``</s>``), ``layers``, ``heads`` and ``weights[layer][head][row][column]`` (each row
         sums to 1, rounded to 4 decimals)."""
-        from ..modules.attention_maps import attention_maps
+        from ..modules.attention_maps import MAX_DRAWN_TOKENS, attention_maps
 
         if not self.has_attention:
             raise NotSupported("the ctranslate2 backend returns no per-layer, per-head "
@@ -189,6 +189,11 @@ class ServedModel:
         encoded = translator.model_tokens([sentence])[0]  # what the hub feeds the model
         if not encoded.strip():
             raise InvalidValue("text: empty sentence (nothing to attend to)")
+        tokens = len(encoded.split()) + 1  # with EOS
+        if tokens > MAX_DRAWN_TOKENS:
+            raise InvalidValue(f"text: {tokens} model tokens (with EOS), more than the "
+                               f"{MAX_DRAWN_TOKENS} whose attention is drawn: give a shorter "
+                               "sentence (POST /translate takes it)")
         hypothesis = translator.translate_tokens([encoded], beam=options.beam,
                                                  lenpen=options.lenpen)[0][0]
         src_dict = translator.task.source_dictionary

@@ -176,11 +176,24 @@ class VaswaniTranslationTask(TranslationTask):
              task.tgt_dict.symbols[task.tgt_dict.nspecial:]))
         if problem is not None:
             raise UserError(problem)
+        strict_interactive_input()
         return task
 
     def load_dataset(self, split: str, epoch: int = 1, combine: bool = False, **kwargs) -> None:
+        """fairseq's, after checking that every token id of the split's binarized files has an
+        entry in its dictionary: files binarized with other dictionaries would otherwise end
+        in an ``IndexError`` of the embedding, or be read as other words."""
         super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
-        self.datasets[split] = complete_batches(self.datasets[split])
+        dataset = self.datasets[split]
+        for side, tokens, dictionary in (("source", dataset.src, self.src_dict),
+                                         ("target", dataset.tgt, self.tgt_dict)):
+            largest = largest_token_id(tokens)
+            if largest is not None and largest >= len(dictionary):
+                raise UserError(
+                    f"{self.cfg.data}: the {split} split's {side} tokens go up to id {largest}, "
+                    f"but its {side} dictionary has {len(dictionary)} entries: the files were "
+                    "binarized with other dictionaries (binarize them again, or restore theirs)")
+        self.datasets[split] = complete_batches(dataset)
 
     def filter_indices_by_size(
         self, indices, dataset, max_positions=None, ignore_invalid_inputs=False
@@ -293,3 +306,37 @@ def complete_batches(dataset: FairseqDataset) -> FairseqDataset:
     if isinstance(dataset, CompleteBatchesDataset):
         return dataset
     return CompleteBatchesDataset(dataset)
+
+
+def largest_token_id(dataset) -> int | None:
+    """The largest token id in the binarized file under ``dataset`` (fairseq's memory-mapped
+    format, under any of fairseq's wrappers), read from the mapped file at once; None for
+    another format (text read through the dictionary holds only its ids) or no dataset."""
+    import numpy as np
+
+    inner = dataset
+    while inner is not None and getattr(inner, "_bin_buffer", None) is None:
+        inner = getattr(inner, "dataset", None)
+    if inner is None:
+        return None
+    tokens = np.frombuffer(inner._bin_buffer, dtype=inner._index.dtype)
+    return int(tokens.max()) if tokens.size else None
+
+
+def strict_interactive_input() -> None:
+    """In ``fairseq-interactive``, standard input decoded strictly as UTF-8: Python reads it
+    with ``surrogateescape`` under a C or UTF-8 locale, so a byte that is no UTF-8 would
+    become an unknown word and the line be translated without a word said; strict, reading
+    it is one error line (:mod:`user_plugin.fairseq_patches.one_line_errors`). Other
+    processes read their input themselves (``vaswani-translate`` refuses such lines with
+    their number)."""
+    import io
+    import sys
+
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)  # python -m fairseq_cli...
+    interactive = "fairseq_cli.interactive" in (*sys.modules, getattr(main, "name", None))
+    if interactive and isinstance(sys.stdin, io.TextIOWrapper) and sys.stdin.errors != "strict":
+        try:
+            sys.stdin.reconfigure(encoding="utf-8", errors="strict")
+        except (ValueError, io.UnsupportedOperation):  # already read from: left as it is
+            pass
