@@ -338,15 +338,16 @@ def run_cli(tool: str, args: list) -> subprocess.CompletedProcess:
 
 
 def test_data_binarized_with_larger_dictionaries_is_one_line(trained_multi30k, tmp_path):
-    """Dictionaries with fewer entries than the binarized files' ids ended training in the
-    embedding's IndexError."""
+    """Dictionaries with fewer entries than the binarized files' ids ended training with our
+    task in the embedding's IndexError."""
     smaller = tmp_path / "smaller dictionaries"
     shutil.copytree(trained_multi30k.data_bin, smaller)
     for lang in ("en", "de"):
         path = smaller / f"dict.{lang}.txt"
         lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
         path.write_text("".join(lines[:len(lines) // 2]), encoding="utf-8")
-    args = train_into(trained_multi30k, tmp_path / "checkpoints")
+    args = train_into(trained_multi30k, tmp_path / "checkpoints", "--task",
+                      "vaswani_translation")
     args[0] = str(smaller)
     proc = run_cli("train", args)
     line = error_line(proc.stderr)
