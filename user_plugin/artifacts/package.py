@@ -109,6 +109,7 @@ def package_state_problem(directory: str | os.PathLike, manifest: Mapping[str, A
         architecture_name,
         dictionary_mismatch,
         fingerprint,
+        has_data,
         model_config,
         stored_fingerprint,
     )
@@ -127,23 +128,20 @@ def package_state_problem(directory: str | os.PathLike, manifest: Mapping[str, A
                     f"{held[0]}->{held[1]}: the manifest was edited")
         config = model_config(state)
         found = plain({"arch": architecture_name(config), **architecture(config)})
-        recorded = manifest.get("architecture")
-        if recorded is not None and plain(recorded) != found:
-            names = sorted(key for key in found.keys() | plain(recorded).keys()
-                           if found.get(key) != plain(recorded).get(key))
-            return (f"{where}: its architecture differs from {name}'s in "
-                    f"{', '.join(names[:4])} (manifest "
-                    f"{', '.join(str(plain(recorded).get(k)) for k in names[:4])}; {name} "
-                    f"{', '.join(str(found.get(k)) for k in names[:4])}): the manifest was "
-                    "edited")
+        recorded = plain(manifest.get("architecture"))
+        if recorded is not None and recorded != found:
+            names = sorted(key for key in found.keys() | recorded.keys()
+                           if found.get(key) != recorded.get(key))[:4]
+            return (f"{where}: its architecture differs from {name}'s in {', '.join(names)} "
+                    f"(manifest {', '.join(str(recorded.get(k)) for k in names)}; {name} "
+                    f"{', '.join(str(found.get(k)) for k in names)}): the manifest was edited")
         stored = stored_fingerprint(state)
         if "training_fingerprint" in manifest and \
                 plain(manifest["training_fingerprint"]) != plain(stored):
             return (f"{where}: its training fingerprint is not {name}'s: the manifest was "
                     "edited or the model replaced")
     stored = stored_fingerprint(states[0])
-    if stored is not None and all(key in stored for key in ("source_dictionary",
-                                                            "target_dictionary")):
+    if has_data(stored):
         from fairseq.data import Dictionary
 
         symbols = [Dictionary.load(str(directory / f"dict.{lang}.txt")).symbols for lang in pair]

@@ -228,8 +228,9 @@ PATCHES: Tuple[Patch, ...] = (
         "the plugin's UserError reaching fairseq's entry points prints 'prog: error: ...' and "
         "exits 1, instead of a traceback, and so do fairseq's errors on bad input that "
         "one_line_errors recognises (--max-tokens below a sentence, a missing dictionary, a "
-        "checkpoint of another layout); Ctrl-C prints one line saying what was left (a training "
-        "run's last checkpoint) and ends by SIGINT; any other exception keeps its traceback",
+        "checkpoint of another layout, fairseq-interactive input that is not UTF-8); Ctrl-C "
+        "prints one line saying what was left (a training run's last checkpoint) and ends by "
+        "SIGINT; any other exception keeps its traceback",
         EVERY_RUN,
     ),
     Patch(

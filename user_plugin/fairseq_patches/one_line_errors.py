@@ -84,14 +84,25 @@ def _raised_by_fairseq_command(error: BaseException) -> bool:
         "fairseq_cli")
 
 
+def _raised_reading_interactive_input(error: BaseException) -> bool:
+    """Whether ``error`` was raised while ``fairseq-interactive`` read its input (``--input``
+    as UTF-8, or standard input, which our task's runs read strictly): the only reading of
+    text whose decoding error names no file."""
+    frames = error.__traceback__
+    while frames is not None:
+        if Path(frames.tb_frame.f_code.co_filename).as_posix().endswith(
+                "fairseq_cli/interactive.py") and frames.tb_frame.f_code.co_name == \
+                "buffered_read":
+            return True
+        frames = frames.tb_next
+    return False
+
+
 def one_line_cause(error: BaseException) -> str | None:
     """The one-line message for an error fairseq raised on bad input, or None when ``error``
     is not one of those (it then keeps its traceback)."""
     message = str(error)
-    if isinstance(error, UnicodeDecodeError) and error.encoding.replace("-", "").lower() == \
-            "utf8":
-        # fairseq-interactive reads its --input as UTF-8 (a file, or standard input made
-        # strict for our task's runs)
+    if isinstance(error, UnicodeDecodeError) and _raised_reading_interactive_input(error):
         return (f"the input is not valid UTF-8 text (byte 0x{error.object[error.start]:02x} "
                 "cannot start or continue a character): give UTF-8 text")
     if isinstance(error, AssertionError):

@@ -312,8 +312,6 @@ def largest_token_id(dataset) -> int | None:
     """The largest token id in the binarized file under ``dataset`` (fairseq's memory-mapped
     format, under any of fairseq's wrappers), read from the mapped file at once; None for
     another format (text read through the dictionary holds only its ids) or no dataset."""
-    import numpy as np
-
     inner = dataset
     while inner is not None and getattr(inner, "_bin_buffer", None) is None:
         inner = getattr(inner, "dataset", None)
