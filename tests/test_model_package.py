@@ -365,8 +365,8 @@ def test_a_manifest_that_disagrees_with_its_files_is_refused_by_check_and_every_
 
 def test_codes_of_fewer_or_more_merges_of_the_same_text_are_refused(trained, tmp_path):
     """Codes learnt on the same text with other merge counts share most merges with the
-    model's, so half of their merges' subwords are in its dictionary: fewer merges leave the
-    model's subwords unmade, more make subwords it never saw."""
+    model's: half as many merges leave the model's subwords unmade (most of the codes'
+    subwords are in its dictionary), three times as many make subwords it never saw."""
     from subword_nmt.learn_bpe import learn_bpe
 
     prepared = trained.root / "work" / "prepared"
