@@ -371,11 +371,11 @@ def check_ensemble(filenames, task=None, state=None) -> list:
             # fairseq's commands: a table of another size would end in the load's traceback,
             # and the direction is whatever the task names; the hub (which passes the state it
             # read) names the parameter and its shapes, and warned when it chose the pair
-            problem = vocabulary_size_problem(state, task) if state_given is None else None
-            if problem is not None:
+            problem = vocabulary_size_problem(state, task)
+            if problem is not None and state_given is None:
                 raise UserError(f"cannot use {filename} with the dictionaries of {data}: "
                                 f"{problem}")
-            if found is None:
+            if problem is not None or found is None:
                 continue
             if state_given is None and has_data(found) and \
                     (found["source_lang"], found["target_lang"]) != \
