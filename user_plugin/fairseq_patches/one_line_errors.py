@@ -85,17 +85,16 @@ def _raised_by_fairseq_command(error: BaseException) -> bool:
 
 
 def _raised_reading_interactive_input(error: BaseException) -> bool:
-    """Whether ``error`` was raised while ``fairseq-interactive`` read its input (``--input``
-    as UTF-8, or standard input, which our task's runs read strictly): the only reading of
-    text whose decoding error names no file."""
+    """Whether ``error`` was raised while ``fairseq-interactive`` read its input through
+    ``fileinput`` (``--input`` as UTF-8, or standard input, which our task's runs read
+    strictly): a decoding error that names no file."""
+    files = []
     frames = error.__traceback__
     while frames is not None:
-        if Path(frames.tb_frame.f_code.co_filename).as_posix().endswith(
-                "fairseq_cli/interactive.py") and frames.tb_frame.f_code.co_name == \
-                "buffered_read":
-            return True
+        files.append(Path(frames.tb_frame.f_code.co_filename).as_posix())
         frames = frames.tb_next
-    return False
+    return any(name.endswith("fairseq_cli/interactive.py") for name in files) and \
+        any(name.endswith("/fileinput.py") for name in files)
 
 
 def one_line_cause(error: BaseException) -> str | None:
