@@ -191,7 +191,7 @@ def write_package(output: str | os.PathLike, checkpoints: Sequence[str | os.Path
     :func:`.model_files.open_model`'s rules); returns its manifest. Atomic: on any error nothing
     is written and an existing package at ``output`` is unchanged (one-line errors)."""
     from ..files.atomic import refuse_input_clash
-    from .checkpoints import read_model_checkpoint, torch_save
+    from .checkpoints import torch_save
     from .fingerprint import ensemble_mismatch, stored_fingerprint
     from .model_files import open_model
     from .written_directory import refuse_foreign_output, write_export
@@ -204,7 +204,7 @@ def write_package(output: str | os.PathLike, checkpoints: Sequence[str | os.Path
                        sentencepiece_model=sentencepiece_model)
     refuse_input_clash(output, [*files.checkpoints, files.data_dir, *files.inputs()])
     refuse_foreign_output(output, KIND)
-    states = [read_model_checkpoint(path) for path in files.checkpoints]
+    states = files.read_states()
     mismatch = ensemble_mismatch([(path, stored_fingerprint(state))
                                   for path, state in zip(files.checkpoints, states)])
     if mismatch is not None:
