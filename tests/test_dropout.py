@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from user_plugin.modules.dropout import dropout
+from user_plugin.modules.dropout import dropout, keep_factor
 
 UNITS = 2_000_000
 
@@ -82,3 +82,23 @@ def test_identity_outside_training_or_at_p_zero_and_F_dropout_at_the_ends():
     with pytest.raises(ValueError, match="probability"):
         dropout(x, 1.5, training=True)
     assert torch.equal(F.dropout(x, 0.1, training=False), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("lowest_kept", [-32767, -26214, 0, 32767])
+def test_the_integer_built_factor_is_the_scale_where_a_lane_is_kept_for_every_lane(
+        dtype, lowest_kept):
+    lanes = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16)  # every lane value
+    scale = torch.tensor(1.111, dtype=dtype)
+    factor = keep_factor(lanes, lowest_kept, scale)
+    assert factor.dtype == dtype
+    assert torch.equal(factor, torch.where(lanes >= lowest_kept, scale, 0.0))
+
+
+def test_a_p_that_sixteen_bits_cannot_resolve_is_F_dropouts():
+    x = torch.randn(40, 50)
+    for p in (1e-6, 1 - 1e-6):
+        torch.manual_seed(2)
+        ours = dropout(x, p, training=True)
+        torch.manual_seed(2)
+        assert torch.equal(ours, F.dropout(x, p, training=True))

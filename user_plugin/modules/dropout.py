@@ -10,6 +10,7 @@ or above ``p`` rounded to a multiple of 2^-16 (0.1 -> 6554 / 65536 = 0.100006); 
 units are scaled by ``1 / (1 - that p)``, so the expectation is exact. The masks come from
 PyTorch's generator, so a seed reproduces them and activation checkpointing (which restores
 the generator) recomputes the same ones; they differ from ``F.dropout``'s for the same seed.
+A ``p`` within 2^-17 of 0 or 1, which 16 bits cannot resolve, is ``F.dropout``'s.
 """
 
 from __future__ import annotations
@@ -31,10 +32,25 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
         # a GPU's fused kernel; a compiled graph's own random numbers; p = 1 and bad p as F's
         return F.dropout(x, p=p, training=True)
     threshold = round(p * (1 << LANE_BITS))  # lanes below it (of 2^16) are dropped
-    keep = random_lanes(x.shape) >= threshold - (1 << (LANE_BITS - 1))
+    if not 0 < threshold < 1 << LANE_BITS or x.element_size() not in _SAME_WIDTH_INT:
+        return F.dropout(x, p=p, training=True)  # p within 2^-17 of 0 or 1; other dtypes
     scale = torch.tensor((1 << LANE_BITS) / ((1 << LANE_BITS) - threshold), dtype=x.dtype)
     # one factor per unit, 0 or the scale: the backward pass is a single product with it
-    return x * torch.where(keep, scale, 0.0)
+    return x * keep_factor(random_lanes(x.shape), threshold - (1 << (LANE_BITS - 1)), scale)
+
+
+_SAME_WIDTH_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def keep_factor(lanes: Tensor, lowest_kept: int, scale: Tensor) -> Tensor:
+    """``scale`` where a lane is at least ``lowest_kept``, else 0, in ``scale``'s dtype.
+
+    Built in integer arithmetic: each lane is clamped to 0 or 1 and multiplied by the bit
+    pattern of ``scale``, then read as floats. Comparing and selecting through a boolean
+    tensor gives the same values, at ten times the time on a CPU (torch 2.13)."""
+    keep = lanes.clamp(lowest_kept - 1, lowest_kept).sub_(lowest_kept - 1)
+    int_type = _SAME_WIDTH_INT[scale.element_size()]
+    return keep.to(int_type).mul_(int(scale.view(int_type))).view(scale.dtype)
 
 
 def random_lanes(shape: torch.Size) -> Tensor:
