@@ -20,8 +20,10 @@
 # torch.profiler over its last PROFILE updates (user_plugin/measurement/train_step_probe.py,
 # run as a file, so a stock run stays stock), printing where its operators' time goes: matrix
 # products, attention kernels, the Python between operators and everything else (the
-# profiler's cost makes these runs' speeds useless, so they are not counted).
+# profiler's cost makes these runs' speeds useless, so they are not counted); JSON_OUT [none]:
+# also write the rounds, medians and ratios there as JSON, with the CPU's name and flags.
 set -euo pipefail
+[ -z "${JSON_OUT:-}" ] || JSON_OUT=$(realpath -m -- "$JSON_OUT")  # from the caller's folder
 cd "$(dirname "$0")/.."
 : "${DATA_BIN:?set DATA_BIN to the data-bin of the demo (bash recipes/demo_multi30k.sh makes it)}"
 UPDATES=${UPDATES:-150} ROUNDS=${ROUNDS:-3}
@@ -60,6 +62,10 @@ for run in "${runs[@]}"; do
   [[ "$run" =~ ^(stock-fp32|ours-(fp32|bf16)(-compile)?)$ ]] \
     || { echo "RUNS: '$run' is not stock-fp32 or ours-PRECISION[-compile] (PRECISION fp32 or bf16; stock's --bf16 means a TPU)" >&2; exit 2; }
 done
+if [ -n "${JSON_OUT:-}" ]; then
+  [ -d "$(dirname -- "$JSON_OUT")" ] && [ ! -d "$JSON_OUT" ] \
+    || { echo "JSON_OUT: '$JSON_OUT' is not a file path in an existing folder" >&2; exit 2; }
+fi
 if [ -n "${PROFILE:-}" ]; then
   [[ "$PROFILE" =~ ^[1-9][0-9]*$ ]] && (( PROFILE < UPDATES )) \
     || { echo "PROFILE: '$PROFILE' is not a number of updates from 1 to UPDATES - 1 ($((UPDATES - 1)))" >&2; exit 2; }
@@ -73,7 +79,7 @@ train_args() {
         --max-tokens 2048 --required-batch-size-multiple 1 --save-dir "$work/$1" --no-save
         --disable-validation --log-format simple --log-interval "$LOG_INTERVAL" --num-workers 1 --cpu)
 }
-declare -A rates
+declare -A rates losses
 for round in $(seq "$ROUNDS"); do
   for run in "${runs[@]}"; do
     train_args "$run"
@@ -83,24 +89,47 @@ for round in $(seq "$ROUNDS"); do
     loss=$(grep -o ' loss=[0-9.]*' "$work/log" | tail -1)
     echo "round $round $run: $rate target tokens/s,$loss"
     rates[$run]+="$rate "
+    losses[$run]+="${loss#*=} "
   done
 done
-for run in "${runs[@]}"; do echo "$run ${rates[$run]}"; done | python -c '
-import statistics, sys
-rates = {}
+for run in "${runs[@]}"; do echo "$run|${rates[$run]}|${losses[$run]}"; done \
+  | CPU_NAME="${flags%%|*}" CPU_FLAGS="${flags#*|}" OPTIMIZER="$cpu_optimizer" UPDATES="$UPDATES" \
+    python -c '
+import json, os, statistics, sys, tempfile
+rates, losses = {}, {}
 for line in sys.stdin:
-    name, *values = line.split()
-    rates[name] = [float(v) for v in values]
+    name, values, last_losses = line.strip().split("|")
+    rates[name] = [float(v) for v in values.split()]
+    losses[name] = [float(v) for v in last_losses.split()]
 first = next(iter(rates))
 medians = {name: statistics.median(values) for name, values in rates.items()}
 print("median target tokens/s: " + ", ".join(
     f"{name} {value:,.0f} ({value / medians[first]:.2f}x {first})"
     for name, value in medians.items()))
 # each round against the first run of the same round: the machine drifts between rounds
+by_round = {}
 for name, values in list(rates.items())[1:]:
-    ratios = [mine / theirs for mine, theirs in zip(values, rates[first])]
-    print(f"{name} / {first}, round by round: " + " ".join(f"{r:.2f}" for r in ratios)
-          + f"; median {statistics.median(ratios):.2f}x")'
+    by_round[name] = [mine / theirs for mine, theirs in zip(values, rates[first])]
+    print(f"{name} / {first}, round by round: " + " ".join(f"{r:.2f}" for r in by_round[name])
+          + f"; median {statistics.median(by_round[name]):.2f}x")
+out = os.environ.get("JSON_OUT")
+if out:
+    report = {
+        "machine": {"cpu": os.environ["CPU_NAME"], "cores": os.cpu_count(),
+                    "flags": os.environ["CPU_FLAGS"].split()},
+        "settings": {"updates": int(os.environ["UPDATES"]), "rounds": len(rates[first]),
+                     "optimizer_ours": os.environ["OPTIMIZER"], "baseline": first},
+        "target_tokens_per_s": rates, "last_logged_loss": losses,
+        "median_target_tokens_per_s": medians,
+        "median_vs_baseline": {name: value / medians[first] for name, value in medians.items()},
+        "round_by_round_vs_baseline": by_round,
+        "median_of_round_ratios": {n: statistics.median(r) for n, r in by_round.items()},
+    }
+    handle, temporary = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(out)), suffix=".tmp")
+    with os.fdopen(handle, "w") as stream:
+        json.dump(report, stream, indent=1)
+    os.replace(temporary, out)
+    print(f"wrote {out}")'
 [ -n "${PROFILE:-}" ] || exit 0
 for run in "${runs[@]}"; do
   train_args "$run"

@@ -99,6 +99,8 @@ def test_host_operator_shares_sort_the_profiled_time_into_its_parts():
     ({"PROFILE": "150"}, "PROFILE: '150' is not a number of updates from 1 to UPDATES - 1 (149)"),
     ({"UPDATES": "1"}, "UPDATES: '1' is not a number of updates of at least 2"),
     ({"ROUNDS": "two"}, "ROUNDS: 'two' is not a positive number"),
+    ({"JSON_OUT": "/no such folder/r.json"},
+     "JSON_OUT: '/no such folder/r.json' is not a file path in an existing folder"),
 ])
 def test_compare_cpu_training_refuses_bad_settings_in_one_line(tmp_path, env, message):
     import os
@@ -109,3 +111,37 @@ def test_compare_cpu_training_refuses_bad_settings_in_one_line(tmp_path, env, me
         capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [message]
+
+
+def test_compare_cpu_training_writes_its_rounds_and_ratios_as_json(multi30k_bin, tmp_path):
+    """Two rounds of 4 updates, stock and ours in float32, on the Multi30k slice: the JSON
+    holds each round's rate and loss, and medians and ratios computed from them, with the
+    CPU's name and flags; the printed summary says the same."""
+    import os
+    import statistics
+
+    out = tmp_path / "out ü" / "training.json"
+    out.parent.mkdir()
+    proc = forked_cli.run(
+        ["bash", str(REPO / "scripts" / "compare_cpu_training.sh")],
+        env=dict(os.environ, DATA_BIN=str(multi30k_bin.data_bin), VENV=str(REPO / ".venv"),
+                 UPDATES="4", ROUNDS="2", RUNS="stock-fp32 ours-fp32", JSON_OUT=str(out),
+                 OMP_NUM_THREADS="1"),
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["machine"]["cpu"] and isinstance(report["machine"]["flags"], list)
+    assert report["settings"]["updates"] == 4 and report["settings"]["rounds"] == 2
+    rates = report["target_tokens_per_s"]
+    assert list(rates) == ["stock-fp32", "ours-fp32"]
+    assert all(len(values) == 2 and min(values) > 0 for values in rates.values())
+    assert all(len(values) == 2 for values in report["last_logged_loss"].values())
+    ratios = [ours / stock for ours, stock in zip(rates["ours-fp32"], rates["stock-fp32"])]
+    assert report["round_by_round_vs_baseline"]["ours-fp32"] == pytest.approx(ratios)
+    medians = {name: statistics.median(values) for name, values in rates.items()}
+    assert report["median_vs_baseline"]["ours-fp32"] == pytest.approx(
+        medians["ours-fp32"] / medians["stock-fp32"])
+    printed = [line for line in proc.stdout.splitlines() if line.startswith("round ")]
+    assert len(printed) == 4
+    assert f"ours-fp32 {medians['ours-fp32']:,.0f} " in proc.stdout
+    assert not [p for p in out.parent.iterdir() if p.name != out.name]  # no temporary left
