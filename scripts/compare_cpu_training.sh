@@ -95,7 +95,7 @@ done
 for run in "${runs[@]}"; do echo "$run|${rates[$run]}|${losses[$run]}"; done \
   | CPU_NAME="${flags%%|*}" CPU_FLAGS="${flags#*|}" OPTIMIZER="$cpu_optimizer" UPDATES="$UPDATES" \
     python -c '
-import json, os, statistics, sys, tempfile
+import json, os, statistics, sys
 rates, losses = {}, {}
 for line in sys.stdin:
     name, values, last_losses = line.strip().split("|")
@@ -125,10 +125,8 @@ if out:
         "round_by_round_vs_baseline": by_round,
         "median_of_round_ratios": {n: statistics.median(r) for n, r in by_round.items()},
     }
-    handle, temporary = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(out)), suffix=".tmp")
-    with os.fdopen(handle, "w") as stream:
-        json.dump(report, stream, indent=1)
-    os.replace(temporary, out)
+    from user_plugin.files.atomic import atomic_write_text
+    atomic_write_text(out, json.dumps(report, indent=1) + "\n")
     print(f"wrote {out}")'
 [ -n "${PROFILE:-}" ] || exit 0
 for run in "${runs[@]}"; do

@@ -145,3 +145,4 @@ def test_compare_cpu_training_writes_its_rounds_and_ratios_as_json(multi30k_bin,
     assert len(printed) == 4
     assert f"ours-fp32 {medians['ours-fp32']:,.0f} " in proc.stdout
     assert not [p for p in out.parent.iterdir() if p.name != out.name]  # no temporary left
+
