@@ -65,6 +65,14 @@ done
 if [ -n "${JSON_OUT:-}" ]; then
   [ -d "$(dirname -- "$JSON_OUT")" ] && [ ! -d "$JSON_OUT" ] \
     || { echo "JSON_OUT: '$JSON_OUT' is not a file path in an existing folder" >&2; exit 2; }
+  # the package's rule for every output (no device node, nothing inside DATA_BIN), before training
+  python -c 'import sys
+from user_plugin.files.atomic import refuse_input_clash
+from user_plugin.files.errors import UserError
+try:
+    refuse_input_clash(sys.argv[1], [sys.argv[2]])
+except UserError as error:
+    raise SystemExit(f"JSON_OUT: {error}")' "$JSON_OUT" "$DATA_BIN" || exit 2
 fi
 if [ -n "${PROFILE:-}" ]; then
   [[ "$PROFILE" =~ ^[1-9][0-9]*$ ]] && (( PROFILE < UPDATES )) \
@@ -126,7 +134,7 @@ if out:
         "median_of_round_ratios": {n: statistics.median(r) for n, r in by_round.items()},
     }
     from user_plugin.files.atomic import atomic_write_text
-    atomic_write_text(out, json.dumps(report, indent=1) + "\n")
+    atomic_write_text(out, json.dumps(report, indent=1) + "\n", [os.environ["DATA_BIN"]])
     print(f"wrote {out}")'
 [ -n "${PROFILE:-}" ] || exit 0
 for run in "${runs[@]}"; do

@@ -101,16 +101,25 @@ def test_host_operator_shares_sort_the_profiled_time_into_its_parts():
     ({"ROUNDS": "two"}, "ROUNDS: 'two' is not a positive number"),
     ({"JSON_OUT": "/no such folder/r.json"},
      "JSON_OUT: '/no such folder/r.json' is not a file path in an existing folder"),
+    ({"JSON_OUT": "/dev/null"}, "JSON_OUT: /dev/null: a character device, not a regular file; "
+     "an output is written as a new file and moved into place, which would replace it: give "
+     "the path of a regular file (nothing was written)"),
+    ({"JSON_OUT": "{data_bin}/r.json"}, "JSON_OUT: {data_bin}/r.json: lies inside the input "
+     "directory {data_bin}; an output never changes an input: choose an output path outside it "
+     "(nothing was written)"),
 ])
 def test_compare_cpu_training_refuses_bad_settings_in_one_line(tmp_path, env, message):
     import os
 
+    data_bin = tmp_path / "data bin ü"
+    data_bin.mkdir()
+    env = {key: value.format(data_bin=data_bin) for key, value in env.items()}
     proc = forked_cli.run(
         ["bash", str(REPO / "scripts" / "compare_cpu_training.sh")],
-        env=dict(os.environ, DATA_BIN=str(tmp_path), VENV=str(REPO / ".venv"), **env),
+        env=dict(os.environ, DATA_BIN=str(data_bin), VENV=str(REPO / ".venv"), **env),
         capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [message]
+    assert proc.stderr.strip().splitlines() == [message.format(data_bin=data_bin)]
 
 
 def test_compare_cpu_training_writes_its_rounds_and_ratios_as_json(multi30k_bin, tmp_path):
